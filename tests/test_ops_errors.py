@@ -1,0 +1,108 @@
+"""Bad input to the functional API and the raw ops gives a clear error, never a crash or a wrong answer."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import lltm_train
+import lltm_train.backends as backends
+from lltm_train.functional import lltm_cell, lltm_layer
+
+
+def params(T=3, B=2, I=4, H=5, dtype=torch.float32, device="cpu"):
+    kw = dict(dtype=dtype, device=device)
+    return [torch.randn(T, B, I, **kw), (torch.zeros(B, H, **kw), torch.zeros(B, H, **kw)),
+            torch.randn(3 * H, I, **kw), torch.randn(3 * H, H, **kw), torch.randn(3 * H, **kw)]
+
+
+def replaced(args, index, value):
+    args = list(args)
+    args[index] = value
+    return args
+
+
+BAD = [
+    ("2-D input", lambda a: replaced(a, 0, a[0][0]), ValueError, r"expected input of shape \(T, B, input_size\), got \(2, 4\)"),
+    ("length 0", lambda a: replaced(a, 0, a[0][:0]), ValueError, "T >= 1"),
+    ("weight_ih columns", lambda a: replaced(a, 2, a[2][:, :3]), ValueError, r"expected weight_ih of shape \(15, 4\)"),
+    ("weight_hh not 3H x H", lambda a: replaced(a, 3, a[3][:14]), ValueError, r"weight_hh of shape \(3 \* hidden_size, hidden_size\)"),
+    ("bias length", lambda a: replaced(a, 4, a[4][:5]), ValueError, r"expected bias of shape \(15,\)"),
+    ("h batch", lambda a: replaced(a, 1, (a[1][0][:1], a[1][1])), ValueError, r"expected h of shape \(2, 5\)"),
+    ("hx not a pair", lambda a: replaced(a, 1, a[1][0]), TypeError, "hx must be a tuple"),
+    ("integer input", lambda a: replaced(a, 0, a[0].long()), TypeError, "floating-point input"),
+    ("mixed dtypes", lambda a: replaced(a, 2, a[2].double()), TypeError, "weight_ih has dtype torch.float64 but input has torch.float32"),
+    ("mixed devices", lambda a: replaced(a, 3, a[3].to("meta")), ValueError, "weight_hh is on meta but input is on cpu"),
+    ("not a tensor", lambda a: replaced(a, 2, a[2].tolist()), TypeError, "weight_ih must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+@pytest.mark.parametrize("case, mutate, exc, message", BAD, ids=[b[0] for b in BAD])
+def test_bad_layer_input_raises_clear_error(backend, case, mutate, exc, message):
+    with pytest.raises(exc, match=message):
+        lltm_layer(*mutate(params()), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_bad_cell_input_raises_clear_error(backend):
+    x, hx, w_ih, w_hh, b = params()
+    with pytest.raises(ValueError, match=r"expected input of shape \(B, input_size\)"):
+        lltm_cell(x, hx, w_ih, w_hh, b, backend=backend)
+    with pytest.raises(TypeError, match="floating-point input"):
+        lltm_cell(x[0].int(), hx, w_ih, w_hh, b, backend=backend)
+
+
+def test_raw_ops_check_their_arguments():
+    assert lltm_train.ops.load()
+    x, (h, c), w_ih, w_hh, b = params()
+    with pytest.raises(RuntimeError, match=r"lltm.layer_forward: expected weight_ih of shape"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih[:, :2], w_hh, b)
+    with pytest.raises(RuntimeError, match="all tensors must share one dtype"):
+        torch.ops.lltm.cell_forward(x[0], h.double(), c, w_ih, w_hh, b)
+    with pytest.raises(RuntimeError, match="T >= 1"):
+        torch.ops.lltm.layer_forward(x[:0], h, c, w_ih, w_hh, b)
+    out, h_n, c_n, cells, gates = torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b)
+    with pytest.raises(RuntimeError, match="expected grad_output of shape"):
+        torch.ops.lltm.layer_backward(out[:1], h_n, c_n, x, h, w_ih, w_hh, out, cells, gates)
+    with pytest.raises(RuntimeError, match="expected gates of shape"):
+        torch.ops.lltm.layer_backward(out, h_n, c_n, x, h, w_ih, w_hh, out, cells, gates[:, :, :3])
+
+
+def test_unknown_backend_and_wrong_device():
+    args = params()
+    with pytest.raises(ValueError, match="unknown LLTM backend 'cudnn'; choose one of auto, python, cpp, cuda"):
+        lltm_layer(*args, backend="cudnn")
+    with pytest.raises(ValueError, match="'cuda' runs on CUDA tensors, but the tensors are on cpu; use backend='cpp'"):
+        lltm_layer(*args, backend="cuda")
+    meta = params(device="meta")
+    with pytest.raises(ValueError, match="'cpp' runs on CPU tensors, but the tensors are on meta"):
+        lltm_layer(*meta, backend="cpp")
+
+
+def test_unbuilt_backend_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setattr(backends.ops, "load", lambda: False)
+    monkeypatch.setattr(backends.ops, "load_error", lambda: "OSError: no compiler")
+    with pytest.raises(RuntimeError, match="backend 'cpp' is not available: the compiled extension could not be loaded \\(OSError: no compiler\\)"):
+        lltm_layer(*params(), backend="cpp")
+
+
+def test_auto_says_once_which_backend_it_chose(monkeypatch, caplog):
+    monkeypatch.setattr(backends, "_announced", set())
+    with caplog.at_level(logging.INFO, logger="lltm_train"):
+        for _ in range(3):
+            lltm_layer(*params(), backend="auto")
+    chosen = [r.getMessage() for r in caplog.records if "backend 'auto'" in r.getMessage()]
+    assert chosen == ["LLTM backend 'auto' runs 'cpp' for cpu tensors"]
+
+
+def test_auto_falls_back_to_python_and_says_why(monkeypatch, caplog):
+    monkeypatch.setattr(backends, "_announced", set())
+    monkeypatch.setattr(backends.ops, "load", lambda: False)
+    monkeypatch.setattr(backends.ops, "load_error", lambda: "RuntimeError: no ninja")
+    with caplog.at_level(logging.INFO, logger="lltm_train"):
+        out, _ = lltm_layer(*params(), backend="auto")
+    assert out.shape == (3, 2, 5)
+    assert "runs 'python' for cpu tensors (the compiled extension could not be loaded (RuntimeError: no ninja)" in caplog.text

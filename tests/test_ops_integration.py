@@ -1,0 +1,109 @@
+"""The ops inside PyTorch's machinery: torch.compile, TorchScript, and the just-in-time build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import lltm_train
+from lltm_train.functional import lltm_layer
+from lltm_train.ops import _extension
+
+
+def _params(device, T=5, B=3, I=4, H=6, dtype=torch.float32):
+    kw = dict(device=device, dtype=dtype)
+    return (torch.randn(T, B, I, **kw, requires_grad=True), torch.randn(3 * H, I, **kw, requires_grad=True),
+            torch.randn(3 * H, H, **kw, requires_grad=True), torch.randn(3 * H, **kw, requires_grad=True))
+
+
+def test_torch_compile_fullgraph_matches_eager(device_backend):
+    device, backend = device_backend
+    torch._dynamo.reset()
+    x, w_ih, w_hh, b = _params(device)
+
+    def f(x, w_ih, w_hh, b):
+        out, (h_n, c_n) = lltm_layer(x, None, w_ih, w_hh, b, backend=backend)
+        return out.sum() + h_n.pow(2).sum() + c_n.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    eager_loss = f(x, w_ih, w_hh, b)
+    eager_grads = torch.autograd.grad(eager_loss, (x, w_ih, w_hh, b))
+    loss = compiled(x, w_ih, w_hh, b)
+    grads = torch.autograd.grad(loss, (x, w_ih, w_hh, b))
+    assert_close(loss, eager_loss)
+    for g, e in zip(grads, eager_grads):
+        assert_close(g, e)
+
+
+def test_torch_compile_inductor_runs_the_custom_op(device_backend):
+    device, backend = device_backend
+    torch._dynamo.reset()
+    x, w_ih, w_hh, b = _params(device)
+
+    @torch.compile(fullgraph=True)
+    def f(x):
+        out, _ = lltm_layer(torch.tanh(x), None, w_ih, w_hh, b, backend=backend)
+        return out * 2
+
+    assert_close(f(x), lltm_layer(torch.tanh(x), None, w_ih, w_hh, b, backend="python")[0] * 2, rtol=1e-5, atol=1e-5)
+
+
+class RawLayer(torch.nn.Module):
+    """What a TorchScript user writes: the registered op called through torch.ops."""
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b: torch.Tensor):
+        out, h_n, c_n, cells, gates = torch.ops.lltm.layer_forward(x, h, h, w_ih, w_hh, b)
+        return out, h_n, c_n
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript is deprecated upstream, still supported
+def test_torchscript_script_and_trace_round_trip(tmp_path):
+    assert lltm_train.ops.load()
+    x, w_ih, w_hh, b = (t.detach() for t in _params("cpu"))
+    h = torch.zeros(3, 6)
+    args = (x, h, w_ih, w_hh, b)
+    want = RawLayer()(*args)
+    for module, name in ((torch.jit.script(RawLayer()), "scripted.pt"), (torch.jit.trace(RawLayer(), args), "traced.pt")):
+        torch.jit.save(module, str(tmp_path / name))
+        loaded = torch.jit.load(str(tmp_path / name))
+        assert "lltm::layer_forward" in str(loaded.inlined_graph)
+        for got, w in zip(loaded(*args), want):
+            assert_close(got, w)
+    assert_close(want[0], lltm_layer(x, (h, h), w_ih, w_hh, b, backend="python")[0])
+
+
+def test_jit_build_takes_a_lock_and_clears_a_stale_one(tmp_path, monkeypatch):
+    """A build killed mid-way leaves cpp_extension's lock file behind; the next build must not hang on it."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(_extension, "_ROOT", tmp_path)
+    monkeypatch.setattr(_extension, "_CSRC", tmp_path / "csrc")
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "lltm.cpp").write_text("// stand-in")
+    build_dir = _extension._build_dir(with_cuda=False)
+    build_dir.mkdir(parents=True)
+    (build_dir / "lock").write_text("")  # what a killed build leaves
+    calls = []
+
+    def fake_load(**kwargs):
+        assert not (build_dir / "lock").exists()
+        calls.append(kwargs)
+
+    monkeypatch.setattr(_extension, "_cuda_build_possible", lambda: False)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    _extension._build_just_in_time()
+    assert len(calls) == 1
+    assert calls[0]["build_directory"] == str(build_dir)
+    assert calls[0]["is_python_module"] is False
+    assert [p.rsplit("/", 1)[-1] for p in calls[0]["sources"]] == ["lltm.cpp", "lltm_cpu.cpp"]
+
+
+def test_missing_sources_and_module_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(_extension, "_CSRC", tmp_path / "nothing-here")
+    try:
+        _extension._build_just_in_time()
+    except RuntimeError as exc:
+        assert "pip install --no-build-isolation" in str(exc)
+    else:
+        raise AssertionError("expected a RuntimeError")
