@@ -1,0 +1,198 @@
+"""``lltm-bench``: forward + backward throughput of one LLTM layer against the layers a user would pick instead.
+
+For each configuration (``../shared/PERFORMANCE.md``'s names) it first checks the compiled backend against
+the python backend on the same inputs, then times forward + backward of the whole sequence (tokens =
+T x B) for ``torch.nn.LSTM`` (cuDNN on a GPU, oneDNN/ATen on a CPU; 4 gates to the LLTM's 3), the python
+backend (input projection hoisted, time loop in Python) and the compiled backend (``cpp`` or ``cuda``).
+GPU times come from CUDA events after warm-up, CPU times from ``time.perf_counter``; each figure is the
+median of ``--repeats`` timings, every contender measured in the same process on the same data.
+
+    lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell
+    lltm-bench --device cuda --dtype bfloat16 --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from .functional import lltm_cell, lltm_layer
+
+CONFIGS = {  # name: (T, B, input_size, hidden_size)
+    "seed-cell": (1, 16, 32, 128),
+    "gpu-S": (512, 32, 64, 128),
+    "gpu-M": (128, 64, 256, 512),
+    "gpu-L": (256, 128, 1024, 1024),
+    "cpu-S": (128, 32, 64, 128),
+    "cpu-M": (64, 64, 256, 512),
+}
+DEFAULTS = {"cpu": ["seed-cell", "cpu-S", "cpu-M"], "cuda": ["seed-cell", "gpu-S", "gpu-M", "gpu-L"]}
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], None], int], float]:
+    """Returns time(fn, n): seconds per call of fn, over n back-to-back calls."""
+    if device.type == "cuda":
+        def time_cuda(fn, n):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000 / n
+        return time_cuda
+
+    def time_cpu(fn, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+    return time_cpu
+
+
+def measure(fn: Callable[[], None], device: torch.device, repeats: int, calls: int, warmup: int = 3) -> float:
+    """Median seconds per call of fn over ``repeats`` timings of ``calls`` calls each, after warm-up."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timer = _timer(device)
+    return statistics.median(timer(fn, calls) for _ in range(repeats))
+
+
+def _contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str):
+    """(label, fn) pairs: each fn runs forward + backward once on fresh random inputs made here."""
+    kw = dict(device=device, dtype=dtype)
+    x = torch.randn(T, B, I, **kw, requires_grad=True)
+    w_ih = (torch.randn(3 * H, I, **kw) * I**-0.5).requires_grad_()
+    w_hh = (torch.randn(3 * H, H, **kw) * H**-0.5).requires_grad_()
+    bias = (torch.randn(3 * H, **kw) * 0.1).requires_grad_()
+    grad = torch.randn(T, B, H, **kw)
+    cell = name == "seed-cell"
+
+    def lltm(be: str):
+        if cell:
+            def run():
+                h, c = lltm_cell(x[0], None, w_ih, w_hh, bias, backend=be)
+                torch.autograd.backward((h, c), (grad[0], grad[0]))
+        else:
+            def run():
+                out, _ = lltm_layer(x, None, w_ih, w_hh, bias, backend=be)
+                out.backward(grad)
+        return run
+
+    lstm = (torch.nn.LSTMCell(I, H) if cell else torch.nn.LSTM(I, H)).to(**kw)
+
+    def run_lstm():
+        if cell:
+            h, c = lstm(x[0])
+            torch.autograd.backward((h, c), (grad[0], grad[0]))
+        else:
+            out, _ = lstm(x)
+            out.backward(grad)
+
+    return [("nn.LSTM", run_lstm), ("python", lltm("python")), (backend, lltm(backend))], (x, w_ih, w_hh, bias)
+
+
+def check_against_python(T, B, I, H, device, dtype, backend: str) -> float:
+    """Max relative difference of the backend's outputs and gradients from the python backend's."""
+    torch.manual_seed(0)
+    kw = dict(device=device, dtype=dtype)
+    leaves = [torch.randn(T, B, I, **kw), torch.randn(3 * H, I, **kw) * I**-0.5, torch.randn(3 * H, H, **kw) * H**-0.5,
+              torch.randn(3 * H, **kw) * 0.1]
+    results = []
+    for be in ("python", backend):
+        ls = [t.clone().requires_grad_() for t in leaves]
+        out, (h_n, c_n) = lltm_layer(ls[0], None, ls[1], ls[2], ls[3], backend=be)
+        loss = out.float().square().mean() + c_n.float().mean()
+        results.append([out, h_n, c_n, *torch.autograd.grad(loss, ls)])
+    return max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for b, a in zip(*results))
+
+
+def peak_memory_mib(fn: Callable[[], None], device) -> float:
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def run(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int) -> list[dict]:
+    backend = "cuda" if device.type == "cuda" else "cpp"
+    rows = []
+    for name in configs:
+        T, B, I, H = CONFIGS[name]
+        tol = 1e-3 if dtype == torch.float32 else 3e-2
+        err = check_against_python(min(T, 64), B, I, H, device, dtype, backend)
+        if not err < tol:
+            raise SystemExit(f"lltm-bench: {backend} differs from python on {name}: relative error {err:.2e} > {tol}")
+        contenders, _ = _contenders(name, T, B, I, H, device, dtype, backend)
+        calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
+        row = {"config": name, "T": T, "B": B, "input_size": I, "hidden_size": H, "check_rel_err": err, "seconds": {}, "tokens_per_s": {}}
+        for label, fn in contenders:
+            sec = measure(fn, device, repeats, calls)
+            row["seconds"][label] = sec
+            row["tokens_per_s"][label] = T * B / sec
+            if device.type == "cuda":
+                row.setdefault("peak_mib", {})[label] = peak_memory_mib(fn, device)
+        tps = row["tokens_per_s"]
+        row["ratio_vs_lstm"] = tps[backend] / tps["nn.LSTM"]
+        row["ratio_vs_python"] = tps[backend] / tps["python"]
+        rows.append(row)
+        print(_format(row, backend), flush=True)
+    return rows
+
+
+def _format(row: dict, backend: str) -> str:
+    if row["config"] == "seed-cell":
+        times = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in row["seconds"].items())
+    else:
+        times = ", ".join(f"{k} {v / 1e6:.3f} M tok/s" for k, v in row["tokens_per_s"].items())
+    mem = ""
+    if "peak_mib" in row:
+        mem = f"; peak MiB {row['peak_mib'][backend]:.0f} vs LSTM {row['peak_mib']['nn.LSTM']:.0f}"
+    return (f"{row['config']:>9} (T={row['T']}, B={row['B']}, I={row['input_size']}, H={row['hidden_size']}): {times}; "
+            f"{backend}/LSTM {row['ratio_vs_lstm']:.2f}x, {backend}/python {row['ratio_vs_python']:.2f}x{mem}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="lltm-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)} (default: by device)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--json", help="write the raw figures and the machine to this file")
+    args = parser.parse_args(argv)
+    configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # TF32 for every contender alike
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    machine = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+               "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "dtype": args.dtype, "repeats": args.repeats}
+    print(f"lltm-bench: {machine}", flush=True)
+    rows = run(configs, device, getattr(torch, args.dtype), args.repeats)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "command": " ".join(sys.argv), "results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

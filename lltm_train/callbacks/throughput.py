@@ -1,0 +1,67 @@
+"""Training throughput (tokens/s, samples/s, step time) and peak CUDA memory, for TensorBoard and the progress bar."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class Throughput(Callback):
+    """Logs, every ``log_every_n_steps`` training steps (default: the Trainer's), averaged over those steps:
+
+    - ``throughput/tokens_per_s``: time steps (tokens) processed per second, padding excluded; also ``tok/s``
+      on the progress bar;
+    - ``throughput/samples_per_s``: sequences per second;
+    - ``throughput/step_ms``: wall time per training step (forward, backward, optimiser, data loading);
+    - ``memory/peak_cuda_mib``: peak CUDA memory allocated since the start, MiB (CUDA devices only).
+
+    Lightning's own ThroughputMonitor synchronises the device after every batch; this one only at the end
+    of each window, so it does not slow the GPU pipeline down. Time spent in validation is excluded.
+    The LightningModule provides ``count(batch) -> (samples, tokens)``.
+    """
+
+    def __init__(self, log_every_n_steps: int | None = None) -> None:
+        self.log_every_n_steps = log_every_n_steps
+        self._reset()
+
+    def _reset(self) -> None:
+        self._start: float | None = None
+        self._steps = self._samples = self._tokens = 0
+        self._last: dict[str, float] = {}
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._start is None:
+            self._sync(pl_module)
+            self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        samples, tokens = pl_module.count(batch)
+        self._steps += 1
+        self._samples += samples
+        self._tokens += tokens
+        every = self.log_every_n_steps or trainer.log_every_n_steps
+        if self._steps >= every:
+            self._sync(pl_module)
+            elapsed = time.perf_counter() - self._start
+            self._last = {
+                "throughput/tokens_per_s": self._tokens / elapsed,
+                "throughput/samples_per_s": self._samples / elapsed,
+                "throughput/step_ms": 1000 * elapsed / self._steps,
+            }
+            if pl_module.device.type == "cuda":
+                self._last["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+            self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0
+        if self._last:
+            pl_module.log_dict(self._last, on_step=True, on_epoch=False, batch_size=samples)
+            pl_module.log("tok/s", self._last["throughput/tokens_per_s"], prog_bar=True, logger=False, on_step=True,
+                          on_epoch=False, batch_size=samples)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0

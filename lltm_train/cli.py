@@ -1,0 +1,70 @@
+"""The ``lltm-train`` command (also ``python -m lltm_train``): Hydra composes ``conf/``, :func:`train` runs it.
+
+Errors in the command line or the configuration are printed as one line (``lltm-train: error: ...``) with
+exit status 2, before any training; set HYDRA_FULL_ERROR=1 for Hydra's own report with a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import ConfigError, config_dir
+
+# Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
+_REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+def _run(cfg: DictConfig) -> float | None:
+    from .train import train
+
+    try:
+        metrics = train(cfg)
+    except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
+        _fail(exc)
+    return metrics.get("val/loss")  # what a sweeper would minimise
+
+
+def _fail(exc: BaseException) -> None:
+    print(f"lltm-train: error: {one_line(exc)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line messages folded into one line."""
+    from hydra.errors import InstantiationException
+
+    while isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    parts: list[str] = []
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if line.startswith(("Config search path", "Set the environment variable")):
+            break
+        if not line:
+            continue
+        if raw[:1].isspace() and parts:  # an indented list under a heading, e.g. the available options
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line)
+    return "; ".join(parts)
+
+
+def main() -> None:
+    # With HYDRA_FULL_ERROR set, Hydra raises its composition errors instead of printing them, so they can
+    # be reported here in one line; a user who sets it gets Hydra's full report instead.
+    if "HYDRA_FULL_ERROR" in os.environ:
+        _run()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _run()
+    except _REPORTED as exc:
+        _fail(exc)

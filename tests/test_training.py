@@ -1,0 +1,136 @@
+"""The training framework end to end on the CPU: every data set with every backend, resume, precision, compile."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lltm_train.config import ConfigError, config_dir
+from lltm_train.train import _prepare, train
+
+SMALL = {  # a few small batches of every data set
+    "shakespeare": ["dataset.seq_len=32", "dataset.batch_size=4"],
+    "text": ["dataset.seq_len=16", "dataset.batch_size=4"],  # path set by the test
+    "smnist": ["dataset.batch_size=4"],
+    "japanese_vowels": ["dataset.batch_size=8"],
+    "co2": ["dataset.batch_size=8"],
+    "adding": ["dataset.seq_len=30", "dataset.train_size=64", "dataset.val_size=16", "dataset.batch_size=8"],
+    "copy": ["dataset.delay=20", "dataset.length=4", "dataset.train_size=64", "dataset.val_size=16", "dataset.batch_size=8"],
+}
+
+
+def make_cfg(out, *overrides):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=[f"paths.output_dir={out}", "callbacks.progress_bar.refresh_rate=0",
+                                            "model.hidden_size=16", "model.embedding_dim=8", "model.sample_length=20", *overrides])
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 60)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+@pytest.mark.parametrize("dataset", sorted(SMALL))
+def test_fast_dev_run_every_dataset_and_backend(tmp_path, text_file, dataset, backend):
+    extra = [f"dataset.path={text_file}"] if dataset == "text" else []
+    cfg = make_cfg(tmp_path, f"dataset={dataset}", f"backend={backend}", "+trainer.fast_dev_run=2", *SMALL[dataset], *extra)
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"])) and torch.isfinite(torch.tensor(metrics["val/loss"]))
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+@pytest.mark.parametrize("dataset", ["shakespeare", "japanese_vowels", "adding"])
+def test_backends_give_the_same_first_losses(tmp_path, dataset):
+    losses = {}
+    for backend in ("python", "cpp"):
+        cfg = make_cfg(tmp_path / backend, f"dataset={dataset}", f"backend={backend}", "model.num_layers=2", *SMALL[dataset])
+        datamodule, task, _, used, _ = _prepare(cfg)  # seeds from cfg.seed: the same initial weights
+        assert used == backend
+        recorder = LossRecorder()
+        L.seed_everything(7)  # the same batches
+        L.Trainer(max_steps=4, callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, limit_val_batches=0, gradient_clip_val=1.0).fit(task, datamodule=datamodule)
+        losses[backend] = recorder.losses
+    assert len(losses["cpp"]) == 4
+    assert losses["cpp"] == pytest.approx(losses["python"], abs=1e-5, rel=0)
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+class KillAt(L.Callback):
+    """Stands in for a crash or kill -9 part-way through a run."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("killed")
+
+
+def test_killed_run_resumes_step_schedule_and_tensorboard(tmp_path):
+    common = ["dataset=adding", "dataset.seq_len=20", "dataset.train_size=640", "dataset.val_size=16", "dataset.batch_size=8",
+              "trainer.max_steps=24", "trainer.val_check_interval=6", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
+              "trainer.num_sanity_val_steps=0"]
+    reference = tmp_path / "uninterrupted"
+    train(make_cfg(reference, *common))
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="killed"):
+        train(make_cfg(run, *common, "+callbacks.kill._target_=test_training.KillAt", "+callbacks.kill.step=15"))
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+    with pytest.raises(ConfigError, match="holds checkpoints of an earlier run: resume it with ckpt_path=last"):
+        _prepare(make_cfg(run, *common))
+    train(make_cfg(run, *common, "ckpt_path=last"))
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 24
+    steps = [s for s, _ in scalars(run, "train/loss")]
+    assert max(steps) == 23 and set(steps) == set(range(24))  # the TensorBoard step went on from the checkpoint
+    resumed = dict(scalars(run, "lr-AdamW"))  # the last write of each step wins, as in TensorBoard
+    assert resumed == pytest.approx(dict(scalars(reference, "lr-AdamW")), rel=1e-6)  # the schedule did not restart
+
+
+def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
+    train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8", "trainer.val_check_interval=4",
+                   "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "val/bpc", "val/perplexity", "lr-AdamW", "train/grad_norm",
+            "throughput/tokens_per_s", "throughput/samples_per_s", "throughput/step_ms"} <= tags
+    assert all(v > 0 for _, v in scalars(tmp_path, "throughput/tokens_per_s"))
+    assert "sample" in "".join(acc.Tags()["tensors"])
+    hparams = (tmp_path / "tensorboard" / "hparams.yaml").read_text()
+    assert "backend_used: cpp" in hparams
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_on_cpu(tmp_path, precision):
+    cfg = make_cfg(tmp_path, "dataset=adding", *SMALL["adding"], f"trainer.precision={precision}", "+trainer.fast_dev_run=2")
+    assert torch.isfinite(torch.tensor(train(cfg)["train/loss"]))
+
+
+def test_compiled_model_trains(tmp_path):
+    torch._dynamo.reset()
+    cfg = make_cfg(tmp_path, "dataset=copy", *SMALL["copy"], "model.compile=true", "+trainer.fast_dev_run=2")
+    assert torch.isfinite(torch.tensor(train(cfg)["train/loss"]))
+
+
+def test_bidirectional_language_model_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="bidirectional=true cannot be used to predict the next token"):
+        _prepare(make_cfg(tmp_path, "model.bidirectional=true"))
