@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import CUDA_READY, CUDA_SKIP_REASON
 from lltm_train.config import ConfigError, config_dir
 from lltm_train.train import _prepare, train
 
@@ -54,18 +55,29 @@ class LossRecorder(L.Callback):
 
 @pytest.mark.parametrize("dataset", ["shakespeare", "japanese_vowels", "adding"])
 def test_backends_give_the_same_first_losses(tmp_path, dataset):
+    _same_first_losses(tmp_path, dataset, "cpp")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
+def test_cuda_backend_gives_the_same_first_losses(tmp_path):
+    _same_first_losses(tmp_path, "adding", "cuda", "trainer.accelerator=gpu")
+
+
+def _same_first_losses(tmp_path, dataset, backend_under_test, *extra):
     losses = {}
-    for backend in ("python", "cpp"):
-        cfg = make_cfg(tmp_path / backend, f"dataset={dataset}", f"backend={backend}", "model.num_layers=2", *SMALL[dataset])
+    for backend in ("python", backend_under_test):
+        cfg = make_cfg(tmp_path / backend, f"dataset={dataset}", f"backend={backend}", "model.num_layers=2", *SMALL[dataset], *extra)
         datamodule, task, _, used, _ = _prepare(cfg)  # seeds from cfg.seed: the same initial weights
         assert used == backend
         recorder = LossRecorder()
         L.seed_everything(7)  # the same batches
         L.Trainer(max_steps=4, callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, limit_val_batches=0, gradient_clip_val=1.0).fit(task, datamodule=datamodule)
+                  enable_model_summary=False, limit_val_batches=0, gradient_clip_val=1.0,
+                  accelerator=cfg.trainer.accelerator, devices=1).fit(task, datamodule=datamodule)
         losses[backend] = recorder.losses
-    assert len(losses["cpp"]) == 4
-    assert losses["cpp"] == pytest.approx(losses["python"], abs=1e-5, rel=0)
+    assert len(losses[backend_under_test]) == 4
+    assert losses[backend_under_test] == pytest.approx(losses["python"], abs=1e-5, rel=0)
 
 
 def scalars(run_dir, tag):
