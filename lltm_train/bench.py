@@ -112,7 +112,7 @@ def check_against_python(T, B, I, H, device, dtype, backend: str) -> float:
         ls = [t.clone().requires_grad_() for t in leaves]
         out, (h_n, c_n) = lltm_layer(ls[0], None, ls[1], ls[2], ls[3], backend=be)
         loss = out.float().square().mean() + c_n.float().mean()
-        results.append([out, h_n, c_n, *torch.autograd.grad(loss, ls)])
+        results.append([t.detach() for t in (out, h_n, c_n, *torch.autograd.grad(loss, ls))])
     return max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for b, a in zip(*results))
 
 
@@ -131,7 +131,7 @@ def run(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: i
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
-        tol = 1e-3 if dtype == torch.float32 else 3e-2
+        tol = 1e-3 if dtype == torch.float32 else 6e-2  # 16-bit: rounding of 8 or 11 bits accumulates over T
         err = check_against_python(min(T, 64), B, I, H, device, dtype, backend)
         if not err < tol:
             raise SystemExit(f"lltm-bench: {backend} differs from python on {name}: relative error {err:.2e} > {tol}")

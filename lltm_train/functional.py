@@ -20,8 +20,11 @@ from .ops import reference
 __all__ = ["lltm_cell", "lltm_layer"]
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")  # asked by name: older dynamo cannot trace the check
+
+
 def _autocast(device_type: str, tensors: tuple) -> tuple:
-    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)

@@ -76,7 +76,7 @@ def _prepare(cfg: DictConfig):
 def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
     """Writes last.ckpt when training ends, which may be after the last periodic checkpoint."""
     if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run:
-        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")
+        trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -99,7 +99,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer.test(task, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")))
+    shown = ("train/loss", "throughput/tokens_per_s", "throughput/step_ms", "memory/peak_cuda_mib", "val/", "test/")
+    info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
                    + (f"\n  best checkpoint: {best}" if best else "")
                    + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
     return metrics
