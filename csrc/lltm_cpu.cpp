@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "lltm.h"
@@ -30,13 +31,13 @@ struct LibmMath {
 // float32: branch-free approximations that the compiler vectorises (libm calls would keep the loop
 // scalar and cost about ten times more than the GEMM of a step). exp: Cody-Waite range reduction to
 // |r| <= ln2/2, then the degree-7 Taylor polynomial (truncation error < 6e-9, about one ulp overall).
-// Inputs are clamped to where float exp neither overflows nor underflows; NaN passes through.
+// Like expf it gives inf above the float range and 0 below it (so sigmoid(-inf) * inf is NaN, as in
+// PyTorch), and NaN stays NaN.
 struct FastFloatMath {
   static float exp(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
+    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -46,7 +47,8 @@ struct FastFloatMath {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // 2^n
-    return p * __builtin_bit_cast(float, bits);
+    const float e = p * __builtin_bit_cast(float, bits);
+    return x > 88.0f ? std::numeric_limits<float>::infinity() : (x < -87.0f ? 0.0f : e);
   }
   static float expm1(float x) { return exp(x) - 1.0f; }
   static float tanh(float x) { return 1.0f - 2.0f / (exp(2.0f * x) + 1.0f); }

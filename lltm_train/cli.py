@@ -19,6 +19,7 @@ from .config import ConfigError, config_dir
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
+_one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
@@ -28,6 +29,8 @@ def _run(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
+        if not _one_line_errors:
+            raise
         _fail(exc)
     return metrics.get("val/loss")  # what a sweeper would minimise
 
@@ -60,7 +63,9 @@ def one_line(exc: BaseException) -> str:
 def main() -> None:
     # With HYDRA_FULL_ERROR set, Hydra raises its composition errors instead of printing them, so they can
     # be reported here in one line; a user who sets it gets Hydra's full report instead.
+    global _one_line_errors
     if "HYDRA_FULL_ERROR" in os.environ:
+        _one_line_errors = False
         _run()
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.utils import instantiate, to_absolute_path
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -54,6 +55,27 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | Non
     return str(path)
 
 
+def check_checkpoint_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> None:
+    """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes) and data state."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses
+        raise ConfigError(f"ckpt_path: cannot read {path} as a checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise ConfigError(f"ckpt_path: {path} is not a Lightning checkpoint (it has no state_dict)")
+    ours, theirs = task.state_dict(), ckpt["state_dict"]
+    problems = [f"{k} is {tuple(theirs[k].shape)} there, {tuple(v.shape)} here" for k, v in ours.items()
+                if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+    problems += [f"{k} is missing there" for k in ours.keys() - theirs.keys()]
+    problems += [f"{k} is not in this model" for k in theirs.keys() - ours.keys()]
+    if problems:
+        raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}); resume with "
+                          "the dataset and model settings of the run that wrote it (its .hydra/config.yaml)")
+    data_state = ckpt.get(type(datamodule).__qualname__)
+    if data_state:
+        datamodule.load_state_dict(data_state)  # raises if, e.g., the vocabulary differs
+
+
 def _prepare(cfg: DictConfig):
     """Everything before training; any error here is a configuration error, reported before a step runs."""
     check_config(cfg)
@@ -70,6 +92,8 @@ def _prepare(cfg: DictConfig):
                           f"but the trainer runs on {device} (set trainer.accelerator, or use backend=auto)")
     backend_used = resolve_backend(cfg.backend.name, device)
     ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
+    if ckpt is not None:
+        check_checkpoint_fits(ckpt, task, datamodule)
     return datamodule, task, trainer, backend_used, ckpt
 
 

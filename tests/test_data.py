@@ -110,3 +110,12 @@ def test_generated_data_is_seeded():
     a, b = AddingDataModule(train_size=10, val_size=5, seed=3), AddingDataModule(train_size=10, val_size=5, seed=3)
     a.setup(), b.setup()
     assert torch.equal(a.train_set.tensors[0], b.train_set.tensors[0])
+
+
+def test_non_finite_series_values_are_refused(tmp_path):
+    from lltm_train.data.japanese_vowels import read_ts
+
+    path = tmp_path / "bad.ts"
+    path.write_text("@classLabel true a b\n@data\n1.0,2.0:0.5,NaN:a\n")
+    with pytest.raises(ValueError, match=r"bad.ts:3 holds 1 non-finite values"):
+        read_ts(path)

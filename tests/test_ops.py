@@ -180,3 +180,16 @@ def test_autocast_runs_in_the_autocast_dtype(device_backend):
     assert out.dtype == torch.bfloat16 and h_n.dtype == torch.bfloat16
     out.float().sum().backward()
     assert p["weight_hh"].grad.dtype == torch.float32 and torch.isfinite(p["weight_hh"].grad).all()
+
+
+def test_non_finite_inputs_propagate_as_in_python(device_backend):
+    device, backend = device_backend
+    p = make(4, 3, 5, 6, device, dtype=torch.float32, requires_grad=False)
+    x = p["input"].clone()
+    x[1, 0, 2] = float("nan")
+    x[2, 1, 0] = float("inf")
+    got = lltm_layer(x, None, p["weight_ih"], p["weight_hh"], p["bias"], backend=backend)[0]
+    want = lltm_layer(x, None, p["weight_ih"], p["weight_hh"], p["bias"], backend="python")[0]
+    assert torch.equal(torch.isnan(got), torch.isnan(want))  # NaN stays NaN, never a plausible number
+    assert torch.isnan(got[1:, 0]).all() and torch.isfinite(got[:, 2]).all()
+    assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-5, atol=1e-5)

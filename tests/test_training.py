@@ -146,3 +146,14 @@ def test_compiled_model_trains(tmp_path):
 def test_bidirectional_language_model_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="bidirectional=true cannot be used to predict the next token"):
         _prepare(make_cfg(tmp_path, "model.bidirectional=true"))
+
+
+def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
+    common = ["dataset=adding", *SMALL["adding"], "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+    train(make_cfg(tmp_path / "a", *common))
+    ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.lltm.bias_l0"):
+        _prepare(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
+    (tmp_path / "junk.ckpt").write_text("not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot read .*junk.ckpt as a checkpoint"):
+        _prepare(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))

@@ -40,6 +40,14 @@ def fraction(owner: str, name: str, value, upper: float = 0.5) -> float:
     return float(value)
 
 
+def check_finite(owner: str, what: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Returns ``tensor``, or raises ValueError if it holds NaN or infinity (which would poison training)."""
+    bad = ~torch.isfinite(tensor)
+    if bad.any():
+        raise ValueError(f"{owner}: {what} holds {int(bad.sum())} non-finite values (NaN or inf)")
+    return tensor
+
+
 def package_data_dir(module: str, pip_spec: str) -> Path:
     """The folder of an installed data package, or a FileNotFoundError that says how to install it."""
     spec = importlib.util.find_spec(module)

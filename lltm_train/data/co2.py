@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from .base import SequenceDataModule, TaskSpec, fraction, positive_int
+from .base import SequenceDataModule, TaskSpec, check_finite, fraction, positive_int
 
 
 class CO2DataModule(SequenceDataModule):
@@ -33,7 +33,7 @@ class CO2DataModule(SequenceDataModule):
         import statsmodels.api as sm
 
         values = sm.datasets.co2.load_pandas().data["co2"].interpolate(method="linear").to_numpy()
-        series = torch.tensor(values, dtype=torch.float32)
+        series = check_finite("CO2DataModule", "the interpolated series", torch.tensor(values, dtype=torch.float32))
         n = len(series)
         n_test, n_val = int(n * self.test_fraction), int(n * self.val_fraction)
         bounds = [(0, n - n_val - n_test), (n - n_val - n_test, n - n_test), (n - n_test, n)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .base import SequenceDataModule, TaskSpec, fraction, package_data_dir
+from .base import SequenceDataModule, TaskSpec, check_finite, fraction, package_data_dir
 
 
 def read_ts(path: Path) -> tuple[list[torch.Tensor], torch.Tensor, list[str]]:
@@ -26,7 +26,7 @@ def read_ts(path: Path) -> tuple[list[torch.Tensor], torch.Tensor, list[str]]:
         *channels, label = line.split(":")
         try:
             values = [[float(v) for v in ch.split(",")] for ch in channels]
-            series.append(torch.tensor(values, dtype=torch.float32).t().contiguous())
+            series.append(check_finite("read_ts", f"{path}:{line_no}", torch.tensor(values, dtype=torch.float32).t().contiguous()))
         except ValueError as exc:  # ragged channels or a non-number
             raise ValueError(f"{path}:{line_no}: malformed series ({exc})") from None
         labels.append(classes.index(label))

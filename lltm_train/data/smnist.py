@@ -9,7 +9,7 @@ import pickle
 import torch
 from torch.utils.data import TensorDataset
 
-from .base import SequenceDataModule, TaskSpec, package_data_dir
+from .base import SequenceDataModule, TaskSpec, check_finite, package_data_dir
 
 
 class SequentialMNISTDataModule(SequenceDataModule):
@@ -42,7 +42,7 @@ class SequentialMNISTDataModule(SequenceDataModule):
         shape = (28, 28) if self.mode == "rows" else (784, 1)
         sets = []
         for images, labels in splits:
-            x = torch.from_numpy(images)
+            x = check_finite("SequentialMNISTDataModule", str(self.file), torch.from_numpy(images))
             if order is not None:
                 x = x[:, order]
             sets.append(TensorDataset(x.reshape(-1, *shape).contiguous(), torch.from_numpy(labels).long()))
