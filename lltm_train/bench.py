@@ -179,6 +179,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
+    if args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--repeats and --threads must be at least 1")
+    if args.json:
+        try:
+            open(args.json, "a").close()  # find an unwritable path now, not after the whole benchmark
+        except OSError as exc:
+            parser.error(f"--json: cannot write {args.json}: {exc}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -20,12 +20,15 @@ from .config import ConfigError, config_dir
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
+_job_started = False
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _run(cfg: DictConfig) -> float | None:
     from .train import train
 
+    global _job_started
+    _job_started = True
     try:
         metrics = train(cfg)
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
@@ -36,7 +39,10 @@ def _run(cfg: DictConfig) -> float | None:
 
 
 def _fail(exc: BaseException) -> None:
-    print(f"lltm-train: error: {one_line(exc)}", file=sys.stderr)
+    message = one_line(exc)
+    if not isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException)):
+        message = f"{type(exc).__name__}: {message}"
+    print(f"lltm-train: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -73,3 +79,7 @@ def main() -> None:
         _run()
     except _REPORTED as exc:
         _fail(exc)
+    except Exception as exc:  # noqa: BLE001
+        if _job_started:  # a failure during training: a bug or the machine; keep the traceback
+            raise
+        _fail(exc)  # Hydra could not even start the job: the command line or the run directory is wrong

@@ -76,6 +76,11 @@ def check_node(node: DictConfig, key: str) -> None:
             ) from None
 
 
+_TOP_LEVEL = {"seed", "ckpt_path", "test", "backend", "dataset", "model", "trainer", "logger", "callbacks", "paths", "experiment"}
+_MODEL_KEYS = {"hidden_size", "num_layers", "dropout", "bidirectional", "embedding_dim", "compile", "sample_length",
+               "sample_temperature", "optimizer", "scheduler"}
+
+
 def check_config(cfg: DictConfig) -> None:
     """Checks every instantiable node and the plain values of the primary config and the model group."""
     missing = OmegaConf.missing_keys(cfg)
@@ -98,6 +103,13 @@ def check_config(cfg: DictConfig) -> None:
             ok = True
         if not ok:
             raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
+    if not 0 <= cfg.seed < 2**32:
+        raise ConfigError(f"seed: expected an integer in [0, 2**32), got {cfg.seed}")
+    for where, node, known in (("", cfg, _TOP_LEVEL), ("model.", cfg.model, _MODEL_KEYS)):
+        unknown = sorted(set(node.keys()) - known)
+        if unknown:
+            raise ConfigError(f"{where}{unknown[0]}: no such setting; the {'model group' if where else 'config'} has "
+                              f"{', '.join(sorted(known))}")
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         raise ConfigError(f"ckpt_path: expected a path or 'last', got {ckpt!r}")

@@ -12,6 +12,7 @@ Under ``torch.autocast`` every floating tensor is cast to the autocast dtype of 
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from .backends import resolve_backend
@@ -20,6 +21,7 @@ from .ops import reference
 __all__ = ["lltm_cell", "lltm_layer"]
 
 
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")  # asked by name: older dynamo cannot trace the check
 
 
@@ -38,7 +40,7 @@ def _check(op: str, sequence: bool, input, h, c, weight_ih, weight_hh, bias) -> 
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if not input.is_floating_point():
+    if input.dtype not in _DTYPES:
         raise TypeError(f"{op}: expected a floating-point input (float16, bfloat16, float32, float64), got {input.dtype}")
     for name, t in named.items():
         if t.dtype != input.dtype:
@@ -65,6 +67,8 @@ def _state(op: str, hx, input: Tensor, weight_hh: Tensor, batch_dim: int) -> tup
     for name, t in (("input", input), ("weight_hh", weight_hh)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if weight_hh.dim() != 2:
+        raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
     if hx is None:
         if input.dim() <= batch_dim:
             raise ValueError(f"{op}: expected input with a batch dimension at {batch_dim}, got {tuple(input.shape)}")
@@ -73,6 +77,25 @@ def _state(op: str, hx, input: Tensor, weight_hh: Tensor, batch_dim: int) -> tup
     if not isinstance(hx, (tuple, list)) or len(hx) != 2:
         raise TypeError(f"{op}: hx must be a tuple (h, c) of two tensors or None, got {type(hx).__name__}")
     return hx[0], hx[1]
+
+
+def _no_forward_ad(op: str, tensors: tuple) -> None:
+    # The compiled ops have no forward-mode derivative, and PyTorch would drop the tangents silently.
+    if torch.compiler.is_compiling():
+        return
+    if any(isinstance(t, Tensor) and fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(
+            f"{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not supported by the cpp and "
+            "cuda backends; use backend='python'"
+        )
+
+
+def _run_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> bool:
+    """True when the compiled op runs (else the python reference does); checks what it cannot do."""
+    if resolve_backend(backend, device_type) == "python":
+        return False
+    _no_forward_ad(op, tensors)
+    return True
 
 
 def lltm_cell(
@@ -100,11 +123,12 @@ def lltm_cell(
         TypeError: a non-tensor argument, an integer input, or mixed dtypes.
         ValueError: wrong shapes, mixed devices, an unknown backend or one for another device.
         RuntimeError: the backend asked for is not built or usable here.
+        NotImplementedError: forward-mode AD or a second derivative with the cpp or cuda backend.
     """
     h, c = _state("lltm_cell", hx, input, weight_hh, 0)
     input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
     _check("lltm_cell", False, input, h, c, weight_ih, weight_hh, bias)
-    if resolve_backend(backend, input.device.type) == "python":
+    if not _run_compiled("lltm_cell", backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
         return reference.lltm_cell(input, h, c, weight_ih, weight_hh, bias)
     h_1, c_1, _ = torch.ops.lltm.cell_forward(input, h, c, weight_ih, weight_hh, bias)
     return h_1, c_1
@@ -135,7 +159,7 @@ def lltm_layer(
     h, c = _state("lltm_layer", hx, input, weight_hh, 1)
     input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
     _check("lltm_layer", True, input, h, c, weight_ih, weight_hh, bias)
-    if resolve_backend(backend, input.device.type) == "python":
+    if not _run_compiled("lltm_layer", backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
         output, h_n, c_n = reference.lltm_layer(input, h, c, weight_ih, weight_hh, bias)
     else:
         output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(input, h, c, weight_ih, weight_hh, bias)

@@ -8,6 +8,8 @@ from pathlib import Path
 import lightning as L
 import torch
 from hydra.utils import instantiate, to_absolute_path
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -71,9 +73,42 @@ def check_checkpoint_fits(path: str, task: LLTMTask, datamodule: SequenceDataMod
     if problems:
         raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}); resume with "
                           "the dataset and model settings of the run that wrote it (its .hydra/config.yaml)")
-    data_state = ckpt.get(type(datamodule).__qualname__)
-    if data_state:
-        datamodule.load_state_dict(data_state)  # raises if, e.g., the vocabulary differs
+    optimizer = task.optimizer_factory(task.parameters())
+    saved = ckpt.get("optimizer_states") or [{}]
+    saved_keys = set(next(iter(saved[0].get("param_groups", [])), {})) - {"params", "initial_lr"}  # the latter from the lr schedule
+    our_keys = set(optimizer.param_groups[0]) - {"params", "initial_lr"}
+    if saved_keys and saved_keys != our_keys:
+        raise ConfigError(f"ckpt_path: {path} holds the state of another optimizer (settings {sorted(saved_keys)}); resume with "
+                          f"the model.optimizer of the run that wrote it")
+    # Data state (a text data set's vocabulary) is saved under the data module's class name; look at all of them,
+    # so that a checkpoint of one text does not resume on another one whose characters get the same ids.
+    for key, state in ckpt.items():
+        if isinstance(state, dict) and "vocab" in state and hasattr(datamodule, "vocab"):
+            datamodule.load_state_dict({"vocab": state["vocab"]})  # raises if the vocabulary differs
+
+
+def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
+    """Settings that Lightning or PyTorch would only reject part-way through a run."""
+    optimizer = task.optimizer_factory(task.parameters())  # rejects, e.g., a negative learning rate
+    if task.scheduler_factory is not None:
+        task.scheduler_factory(optimizer, total_steps=lambda: 100)
+    if str(cfg.trainer.get("precision")) in ("16-true", "16"):
+        raise ConfigError("trainer.precision=16-true keeps the weights and AdamW's state in float16, which overflows at "
+                          "the first step; use 16-mixed or bf16-mixed")
+    for key in ("val_check_interval", "log_every_n_steps"):
+        value = cfg.trainer.get(key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"trainer.{key} must be positive, got {value}")
+    output_dir = Path(cfg.paths.output_dir)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / ".write-test").touch()
+        (output_dir / ".write-test").unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run directory {output_dir}: {exc}") from None
+    if not all(isinstance(c, L.Callback) for c in trainer.callbacks):
+        bad = next(c for c in trainer.callbacks if not isinstance(c, L.Callback))
+        raise ConfigError(f"callbacks: {type(bad).__module__}.{type(bad).__qualname__} is not a Lightning Callback")
 
 
 def _prepare(cfg: DictConfig):
@@ -85,7 +120,12 @@ def _prepare(cfg: DictConfig):
     task = build_task(cfg, datamodule.task)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     logger = instantiate(cfg.logger) if cfg.logger else False
+    if logger is not False and not isinstance(logger, Logger):
+        raise ConfigError(f"logger: {type(logger).__module__}.{type(logger).__qualname__} is not a Lightning logger")
+    if not logger:  # the learning-rate monitor has nothing to write to
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    _check_run(cfg, trainer, task)
     device = trainer.strategy.root_device.type
     if cfg.backend.name in ("cpp", "cuda") and device != ("cpu" if cfg.backend.name == "cpp" else "cuda"):
         raise ConfigError(f"backend={cfg.backend.name} needs {'a CPU' if cfg.backend.name == 'cpp' else 'a CUDA device'}, "
@@ -120,7 +160,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     _save_final_state(trainer, output_dir / "checkpoints")
     if cfg.test:
-        trainer.test(task, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None)
+        best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+        trainer.test(task, datamodule=datamodule, ckpt_path="best" if best else None)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     shown = ("train/loss", "throughput/tokens_per_s", "throughput/step_ms", "memory/peak_cuda_mib", "val/", "test/")

@@ -39,6 +39,18 @@ BAD = [
     (["ckpt_path=last"], "ckpt_path=last: no checkpoint in"),
     (["ckpt_path=missing.ckpt"], "ckpt_path: no such checkpoint file: "),
     (["model.bidirectional=true"], "cannot be used to predict the next token"),
+    (["model.optimizer.lr=-1"], "Invalid learning rate: -1"),
+    (["model.scheduler.warmup_fraction=2"], "warmup_fraction must be in [0, 1)"),
+    (["model.dropout=nan"], "dropout must be a number in [0, 1], got nan"),
+    (["model.sample_temperature=0"], "sample_temperature must be a positive number, got 0"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval must be positive, got 0"),
+    (["trainer.precision=16-true"], "use 16-mixed or bf16-mixed"),
+    (["logger._target_=collections.OrderedDict"], "is not a Lightning logger"),
+    (["+model.hiddensize=3"], "model.hiddensize: no such setting"),
+    (["+foo=3"], "foo: no such setting"),
+    (["seed=-1"], "seed: expected an integer in [0, 2**32), got -1"),
+    (["hydra.run.dir=/proc/nope"], "/proc/nope"),
+    (["callbacks=null"], "Config group override must be a string or a list"),
 ]
 
 
@@ -51,6 +63,11 @@ def test_bad_override_fails_with_one_clear_line(tmp_path, overrides, message):
     assert sum(line.startswith("lltm-train: error") for line in lines) == 1
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("outputs/*/*/checkpoints"))  # failed before any training
+
+
+def test_no_logger_runs(tmp_path):
+    result = lltm_train(tmp_path, "logger=none", "trainer.max_steps=2", "trainer.val_check_interval=2", *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_relative_text_path_resolves_against_the_working_directory(tmp_path):

@@ -124,3 +124,22 @@ def test_bad_arguments_raise_clear_errors():
         m(torch.randn(5, 2, 3), (torch.zeros(1, 2, 4), torch.zeros(2, 2, 4)))
     with pytest.raises(ValueError, match=r"LLTMCell: expected input of shape \(B, 3\)"):
         LLTMCell(3, 4)(torch.randn(2, 2, 3))
+
+
+def test_flags_must_be_booleans_and_packed_sequences_well_formed():
+    for kwargs in ({"bidirectional": "no"}, {"batch_first": "no"}, {"bias": "false"}, {"bias": 0}):
+        with pytest.raises(ValueError, match="must be True or False"):
+            LLTM(4, 5, **kwargs)
+    with pytest.raises(ValueError, match="must be True or False"):
+        LLTMCell(4, 5, bias="false")
+    with pytest.raises(ValueError, match="dropout must be a number in"):
+        LLTM(4, 5, num_layers=2, dropout=float("nan"))
+    with pytest.raises(ValueError, match="hx must be a tuple"):
+        LLTMCell(4, 5)(torch.randn(4), (torch.zeros(5), torch.zeros(5), torch.zeros(5)))
+    from torch.nn.utils.rnn import PackedSequence
+
+    m = LLTM(4, 5)
+    for sizes in ([], [2, 2, 0], [1, 2]):
+        data = torch.randn(sum(sizes), 4)
+        with pytest.raises(ValueError, match="PackedSequence is malformed"):
+            m(PackedSequence(data, torch.tensor(sizes, dtype=torch.int64)))

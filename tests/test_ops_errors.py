@@ -106,3 +106,42 @@ def test_auto_falls_back_to_python_and_says_why(monkeypatch, caplog):
         out, _ = lltm_layer(*params(), backend="auto")
     assert out.shape == (3, 2, 5)
     assert "runs 'python' for cpu tensors (the compiled extension could not be loaded (RuntimeError: no ninja)" in caplog.text
+
+
+def test_unsupported_derivatives_raise_instead_of_returning_zeros():
+    x, hx, w_ih, w_hh, b = params(dtype=torch.float64)
+    x.requires_grad_()
+    w_ih.requires_grad_()
+    out, _ = lltm_layer(x, hx, w_ih, w_hh, b, backend="cpp")
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="no second derivative .* use backend='python'"):
+        torch.autograd.grad((gx**2).sum(), w_ih)
+    h1, _ = lltm_cell(x[0], hx, w_ih, w_hh, b, backend="cpp")
+    (gx,) = torch.autograd.grad(h1.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="no second derivative"):
+        torch.autograd.grad((gx**2).sum(), w_ih)
+    with pytest.raises(NotImplementedError, match="forward-mode AD .* use backend='python'"):
+        torch.func.jvp(lambda t: lltm_layer(t, hx, w_ih.detach(), w_hh, b, backend="cpp")[0], (x.detach(),), (torch.ones_like(x),))
+    # the python backend has both
+    tangent = torch.func.jvp(lambda t: lltm_layer(t, hx, w_ih.detach(), w_hh, b, backend="python")[0], (x.detach(),),
+                             (torch.ones_like(x),))[1]
+    assert tangent.abs().sum() > 0
+
+
+def test_raw_ops_refuse_mixed_meta_and_cpu_tensors():
+    assert lltm_train.ops.load()
+    x, (h, c), w_ih, w_hh, b = params()
+    with pytest.raises(RuntimeError, match="weight_hh is on meta but input is on cpu"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh.to("meta"), None)
+    with pytest.raises(RuntimeError, match="c is on meta but input is on cpu"):
+        torch.ops.lltm.cell_forward(x[0], h, c.to("meta"), w_ih, w_hh, None)
+    with pytest.raises(RuntimeError, match="expected input with 3 dimensions"):
+        torch.ops.lltm.layer_forward(*(t.to("meta") for t in (x[0], h, c, w_ih, w_hh)), None)
+
+
+def test_float8_and_scalar_weights_are_clear_errors():
+    x, hx, w_ih, w_hh, b = params()
+    with pytest.raises(TypeError, match="floating-point input"):
+        lltm_layer(x.to(torch.float8_e4m3fn), hx, w_ih, w_hh, b, backend="python")
+    with pytest.raises(ValueError, match="expected weight_hh of shape"):
+        lltm_layer(x, None, w_ih, torch.tensor(1.0), b)

@@ -52,6 +52,8 @@ class TextDataModule(SequenceDataModule):
         self.val_fraction = fraction(owner, "val_fraction", val_fraction)
         self.test_fraction = fraction(owner, "test_fraction", test_fraction)
         self.encoding = encoding
+        if path is None and type(self) is TextDataModule:
+            raise ValueError(f"{owner}: dataset.path is required: the text file to train on")
         self.path = None if path is None else Path(path).expanduser().resolve()
         if self.path is not None and not self.path.is_file():
             raise FileNotFoundError(f"{owner}: no such text file: {self.path} (dataset.path={path!r})")
@@ -79,6 +81,8 @@ class TextDataModule(SequenceDataModule):
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
         present, ids = np.unique(codes, return_inverse=True)
         chars = [chr(c) for c in present]
+        if len(chars) < 2:
+            raise ValueError(f"{type(self).__name__}: the text has {len(chars)} distinct character(s); a language model needs at least 2")
         if not self.vocab:
             self.vocab = chars
         elif chars != self.vocab:  # restored from a checkpoint: the ids must mean the same characters

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import LLTM
+from ..nn._params import check_probability, check_sizes
 
 
 class CharLM(nn.Module):
@@ -23,9 +24,10 @@ class CharLM(nn.Module):
     def __init__(self, vocab_size: int, embedding_dim: int = 64, hidden_size: int = 256, num_layers: int = 1,
                  dropout: float = 0.0, num_classes: int | None = None, backend: str = "auto") -> None:
         super().__init__()
+        check_sizes("CharLM", vocab_size=vocab_size, embedding_dim=embedding_dim)
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.lltm = LLTM(embedding_dim, hidden_size, num_layers, dropout=dropout if num_layers > 1 else 0.0, backend=backend)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_probability("CharLM", "dropout", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 
     def forward(self, tokens: Tensor, hx: tuple[Tensor, Tensor] | None = None):

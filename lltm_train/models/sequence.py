@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from ..nn import LLTM
+from ..nn._params import check_probability
 
 
 class _FinalState(nn.Module):
@@ -15,7 +16,7 @@ class _FinalState(nn.Module):
         super().__init__()
         self.lltm = LLTM(input_size, hidden_size, num_layers, dropout=dropout if num_layers > 1 else 0.0,
                          bidirectional=bidirectional, backend=backend)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_probability(type(self).__name__, "dropout", dropout))
         self.head = nn.Linear(hidden_size * (2 if bidirectional else 1), output_size)
 
     def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import lltm_cell
-from ._params import BackendMixin, check_sizes, make_weights, reset_uniform
+from ._params import BackendMixin, check_flags, check_sizes, make_weights, reset_uniform
 
 
 class LLTMCell(BackendMixin, nn.Module):
@@ -27,6 +27,7 @@ class LLTMCell(BackendMixin, nn.Module):
                  device=None, dtype=None) -> None:
         super().__init__()
         check_sizes("LLTMCell", input_size=input_size, hidden_size=hidden_size)
+        check_flags("LLTMCell", bias=bias)
         self.input_size, self.hidden_size, self.backend = input_size, hidden_size, backend
         make_weights(self, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -35,10 +36,11 @@ class LLTMCell(BackendMixin, nn.Module):
         reset_uniform(self, self.hidden_size)
 
     def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
-            raise ValueError(
-                f"LLTMCell: expected input of shape (B, {self.input_size}) or ({self.input_size},), got {tuple(input.shape)}"
-            )
+        if not isinstance(input, Tensor) or input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
+            got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+            raise ValueError(f"LLTMCell: expected input of shape (B, {self.input_size}) or ({self.input_size},), got {got}")
+        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx)):
+            raise ValueError("LLTMCell: hx must be a tuple (h, c) of two tensors")
         unbatched = input.dim() == 1
         if unbatched:
             input = input.unsqueeze(0)

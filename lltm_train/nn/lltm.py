@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ..functional import lltm_layer
-from ._params import BackendMixin, check_sizes, make_weights, reset_uniform
+from ._params import BackendMixin, check_flags, check_probability, check_sizes, make_weights, reset_uniform
 
 
 class LLTM(BackendMixin, nn.Module):
@@ -42,8 +42,8 @@ class LLTM(BackendMixin, nn.Module):
                  backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__()
         check_sizes("LLTM", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
-            raise ValueError(f"LLTM: dropout must be a number in [0, 1], got {dropout!r}")
+        check_flags("LLTM", bias=bias, batch_first=batch_first, bidirectional=bidirectional)
+        dropout = check_probability("LLTM", "dropout", dropout)
         if dropout > 0 and num_layers == 1:
             warnings.warn("LLTM: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
@@ -82,6 +82,7 @@ class LLTM(BackendMixin, nn.Module):
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_features(data, "packed data (N, input_size)", 2)
+            _check_batch_sizes(batch_sizes, data.shape[0])
             segments = _packed_segments(data, batch_sizes)
             batch = int(batch_sizes[0])
         else:
@@ -136,6 +137,15 @@ class LLTM(BackendMixin, nn.Module):
                 got = tuple(t.shape[::2]) if unbatched else tuple(t.shape)
                 raise ValueError(f"LLTM: expected {name} of shape {want} (num_layers * num_directions, batch, hidden_size), got {got}")
         return h0, c0
+
+
+def _check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
+    sizes = batch_sizes.tolist()
+    if not sizes or min(sizes) < 1 or any(b > a for a, b in zip(sizes, sizes[1:])) or sum(sizes) != rows:
+        raise ValueError(
+            "LLTM: the PackedSequence is malformed: batch_sizes must be positive, non-increasing and sum to the "
+            f"number of rows ({rows}), got {sizes[:10]}; build it with torch.nn.utils.rnn.pack_padded_sequence"
+        )
 
 
 def _packed_segments(data: Tensor, batch_sizes: Tensor) -> list[Tensor]:

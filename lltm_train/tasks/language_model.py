@@ -28,6 +28,10 @@ class LanguageModelTask(LLTMTask):
                  num_layers: int = 1, dropout: float = 0.0, backend: str = "auto", sample_length: int = 200,
                  sample_temperature: float = 0.8, **kwargs) -> None:
         super().__init__(**kwargs)
+        if isinstance(sample_length, bool) or not isinstance(sample_length, int) or not 0 <= sample_length <= 100_000:
+            raise ValueError(f"LanguageModelTask: sample_length must be an integer in [0, 100000], got {sample_length!r}")
+        if not (isinstance(sample_temperature, (int, float)) and 0 < sample_temperature < float("inf")):
+            raise ValueError(f"LanguageModelTask: sample_temperature must be a positive number, got {sample_temperature!r}")
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = CharLM(vocab_size, embedding_dim, hidden_size, num_layers, dropout, num_classes, backend)
         classes = num_classes or vocab_size
