@@ -7,7 +7,9 @@ exit status 2, before any training; set HYDRA_FULL_ERROR=1 for Hydra's own repor
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -34,8 +36,15 @@ def _run(cfg: DictConfig) -> float | None:
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise
+        _remove_if_empty(Path(cfg.paths.output_dir))
         _fail(exc)
     return metrics.get("val/loss")  # what a sweeper would minimise
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Removes the run directory Hydra made for a job that failed before writing anything of its own."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _fail(exc: BaseException) -> None:

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from .backends import resolve_backend
+from .callbacks import Throughput
 from .config import ConfigError, check_config
 from .data import SequenceDataModule, TaskSpec
 from .tasks import ClassificationTask, LanguageModelTask, LLTMTask, RegressionTask
@@ -143,6 +144,12 @@ def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
         trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)
 
 
+def _needs_final_validation(trainer: L.Trainer, task: LLTMTask) -> bool:
+    """True when training stopped between validations, so the run would end without a final figure."""
+    return (not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run
+            and trainer.limit_val_batches != 0 and task.last_validated_step != trainer.global_step)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Runs one job; returns the final callback metrics (e.g. ``val/loss``) as floats."""
     try:
@@ -159,13 +166,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
                    f"on {trainer.strategy.root_device}; run directory {output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     _save_final_state(trainer, output_dir / "checkpoints")
+    if _needs_final_validation(trainer, task):
+        trainer.validate(task, datamodule=datamodule, verbose=False)
     if cfg.test:
         best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
         trainer.test(task, datamodule=datamodule, ckpt_path="best" if best else None)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if "val/loss" in metrics:
+        for logger in trainer.loggers:  # the figure TensorBoard's hparams view shows beside the config
+            logger.log_metrics({"hp_metric": metrics["val/loss"]}, step=trainer.global_step)
+    throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    average = throughput.average_tokens_per_s if throughput else None
+    shown = ("train/loss", "memory/peak_cuda_mib", "val/", "test/")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    shown = ("train/loss", "throughput/tokens_per_s", "throughput/step_ms", "memory/peak_cuda_mib", "val/", "test/")
     info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
-                   + (f"\n  best checkpoint: {best}" if best else "")
-                   + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
+         + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
+         + (f"\n  best checkpoint: {best}" if best else "")
+         + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
     return metrics

@@ -25,7 +25,13 @@ class Throughput(Callback):
 
     def __init__(self, log_every_n_steps: int | None = None) -> None:
         self.log_every_n_steps = log_every_n_steps
+        self.run_tokens, self.run_seconds = 0, 0.0  # over every finished window, for the run's average
         self._reset()
+
+    @property
+    def average_tokens_per_s(self) -> float | None:
+        """Tokens per second over all training steps measured so far in this process (None before the first window)."""
+        return self.run_tokens / self.run_seconds if self.run_seconds else None
 
     def _reset(self) -> None:
         self._start: float | None = None
@@ -55,6 +61,8 @@ class Throughput(Callback):
                 "throughput/samples_per_s": self._samples / elapsed,
                 "throughput/step_ms": 1000 * elapsed / self._steps,
             }
+            self.run_tokens += self._tokens
+            self.run_seconds += elapsed
             if pl_module.device.type == "cuda":
                 self._last["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
             self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0

@@ -29,6 +29,7 @@ class LLTMTask(L.LightningModule):
         self.scheduler_factory = scheduler
         self.compile_net = compile
         self.baseline_loss = baseline_loss
+        self.last_validated_step = -1
         self.net: nn.Module
 
     def setup(self, stage: str) -> None:
@@ -59,6 +60,8 @@ class LLTMTask(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.baseline_loss is not None:
             self.log("val/baseline_loss", self.baseline_loss)
+        if not self.trainer.sanity_checking:
+            self.last_validated_step = self.global_step
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # before clipping: the norm the optimiser would have seen without it
