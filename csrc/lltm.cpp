@@ -7,6 +7,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+
 namespace lltm {
 
 at::ScalarType accumulate_type(at::ScalarType t) { return at::toOpMathType(t); }
@@ -17,36 +19,49 @@ struct Sizes {
   int64_t T, B, I, H;
 };
 
+// Messages are assembled as strings: streaming integers into the error message crashed (SIGSEGV in
+// std::ostream::_M_insert<long>) in a build with the H200 machine's g++ 13.3 and torch 2.11.
+std::string shape_str(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 void check_like(const char* op, const char* name, const at::Tensor& t, const at::Tensor& ref) {
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(),
-              " but input has dtype ", ref.scalar_type(), "; all tensors must share one dtype");
-  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " is on ", t.device(),
-              " but input is on ", ref.device(), "; all tensors must be on one device");
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(),
+              std::string(op) + ": " + name + " has dtype " + c10::toString(t.scalar_type()) +
+                  " but input has dtype " + c10::toString(ref.scalar_type()) +
+                  "; all tensors must share one dtype");
+  TORCH_CHECK(t.device() == ref.device(), std::string(op) + ": " + name + " is on " + t.device().str() +
+                                               " but input is on " + ref.device().str() +
+                                               "; all tensors must be on one device");
 }
 
 void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef expected,
                  const char* layout) {
-  TORCH_CHECK(t.sizes() == expected, op, ": expected ", name, " of shape ", layout, " = ", expected,
-              ", got ", t.sizes());
+  TORCH_CHECK(t.sizes() == expected, std::string(op) + ": expected " + name + " of shape " + layout +
+                                         " = " + shape_str(expected) + ", got " + shape_str(t.sizes()));
 }
 
 // Checks the forward arguments and returns the sizes. `sequence` selects input (T, B, I) over (B, I).
 Sizes check_forward(const char* op, bool sequence, const at::Tensor& input, const at::Tensor& h,
                     const at::Tensor& c, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
                     const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(at::isFloatingType(input.scalar_type()), op,
-              ": expected a floating-point input (float16, bfloat16, float32 or float64), got ",
-              input.scalar_type());
-  TORCH_CHECK(input.dim() == (sequence ? 3 : 2), op, ": expected input of shape ",
-              sequence ? "(T, B, input_size)" : "(B, input_size)", ", got ", input.sizes());
-  TORCH_CHECK(weight_hh.dim() == 2 && weight_hh.size(0) % 3 == 0, op,
-              ": expected weight_hh of shape (3 * hidden_size, hidden_size), got ", weight_hh.sizes());
+  TORCH_CHECK(at::isFloatingType(input.scalar_type()),
+              std::string(op) + ": expected a floating-point input (float16, bfloat16, float32 or float64), got " +
+                  c10::toString(input.scalar_type()));
+  TORCH_CHECK(input.dim() == (sequence ? 3 : 2), std::string(op) + ": expected input of shape " +
+                                                     (sequence ? "(T, B, input_size)" : "(B, input_size)") +
+                                                     ", got " + shape_str(input.sizes()));
+  TORCH_CHECK(weight_hh.dim() == 2 && weight_hh.size(0) % 3 == 0,
+              std::string(op) + ": expected weight_hh of shape (3 * hidden_size, hidden_size), got " +
+                  shape_str(weight_hh.sizes()));
   Sizes s;
   s.T = sequence ? input.size(0) : 1;
   s.B = input.size(sequence ? 1 : 0);
   s.I = input.size(sequence ? 2 : 1);
   s.H = weight_hh.size(1);
-  TORCH_CHECK(s.T >= 1, op, ": expected a sequence of length T >= 1, got T = 0");
+  TORCH_CHECK(s.T >= 1, std::string(op) + ": expected a sequence of length T >= 1, got T = 0");
   check_shape(op, "weight_hh", weight_hh, {3 * s.H, s.H}, "(3 * hidden_size, hidden_size)");
   check_shape(op, "weight_ih", weight_ih, {3 * s.H, s.I}, "(3 * hidden_size, input_size)");
   check_shape(op, sequence ? "h0" : "h", h, {s.B, s.H}, "(B, hidden_size)");
