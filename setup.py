@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import torch
-from setuptools import setup
+from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 sources = ["csrc/lltm.cpp", "csrc/lltm_cpu.cpp"]
@@ -22,4 +22,10 @@ if with_cuda:
 else:
     extension = CppExtension("lltm_train._C", sources, extra_compile_args=flags)
 
-setup(ext_modules=[extension], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
+setup(
+    packages=find_packages(include=["lltm_train*"]) + ["lltm_train.conf"],
+    package_dir={"lltm_train.conf": "conf"},  # the Hydra configs, for installs that are not editable
+    package_data={"lltm_train.conf": ["*.yaml", "*/*.yaml", "*/*/*.yaml"]},
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

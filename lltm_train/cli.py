@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.errors import HydraException, InstantiationException
 from omegaconf import DictConfig
-
-from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import ConfigError, config_dir
@@ -57,8 +56,6 @@ def _fail(exc: BaseException) -> None:
 
 def one_line(exc: BaseException) -> str:
     """Hydra's and OmegaConf's multi-line messages folded into one line."""
-    from hydra.errors import InstantiationException
-
     while isinstance(exc, InstantiationException) and exc.__cause__ is not None:
         exc = exc.__cause__
     parts: list[str] = []
