@@ -5,20 +5,23 @@ Install with ``pip install --no-build-isolation -e .`` so the extension is built
 """
 
 import os
+import runpy
 from pathlib import Path
 
 import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-sources = ["csrc/lltm.cpp", "csrc/lltm_cpu.cpp"]
+build = runpy.run_path(str(Path(__file__).parent / "lltm_train" / "ops" / "_build.py"))  # the JIT build's lists
+sources = [f"csrc/{name}" for name in build["CPP_SOURCES"]]
 with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and Path(CUDA_HOME, "bin", "nvcc").exists()
 if os.environ.get("LLTM_NO_CUDA") == "1":
     with_cuda = False
-flags = {"cxx": ["-O3"]}
+flags = {"cxx": build["CXX_FLAGS"]}
 if with_cuda:
-    flags["nvcc"] = ["-O3"]
-    extension = CUDAExtension("lltm_train._C", sources + ["csrc/lltm_cuda.cu"], extra_compile_args=flags)
+    flags["nvcc"] = build["CUDA_FLAGS"]
+    sources += [f"csrc/{name}" for name in build["CUDA_SOURCES"]]
+    extension = CUDAExtension("lltm_train._C", sources, extra_compile_args=flags)
 else:
     extension = CppExtension("lltm_train._C", sources, extra_compile_args=flags)
 

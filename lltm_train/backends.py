@@ -18,22 +18,25 @@ from . import ops
 log = logging.getLogger("lltm_train")
 
 BACKENDS = ("auto", "python", "cpp", "cuda")
-_DEVICE_BACKEND = {"cpu": "cpp", "cuda": "cuda"}
+_DEVICE_BACKEND = {"cpu": "cpp", "cuda": "cuda"}  # the compiled backend of each device type
 _announced: set[str] = set()
+_available: list[str] = []
 
 
 def available_backends() -> list[str]:
     """The backends usable in this process, e.g. ``["python", "cpp"]`` or ``["python", "cpp", "cuda"]``.
 
     The first call loads the compiled extension, building it just in time from ``csrc/`` when a source
-    checkout has no compiled copy.
+    checkout has no compiled copy; the answer is then kept (it is asked on every call of an op).
     """
-    names = ["python"]
-    if ops.load():
-        names.append("cpp")
-        if ops.has_cuda_kernels() and torch.cuda.is_available():
-            names.append("cuda")
-    return names
+    if not _available:
+        names = ["python"]
+        if ops.load():
+            names.append("cpp")
+            if ops.has_cuda_kernels() and torch.cuda.is_available():
+                names.append("cuda")
+        _available[:] = names
+    return list(_available)
 
 
 def _why_unavailable(name: str) -> str:
@@ -76,12 +79,12 @@ def resolve_backend(backend: str, device_type: str) -> str:
             reason = "" if chosen == wanted else f" ({_why_unavailable(wanted) if wanted else 'no kernels for this device'})"
             log.info("LLTM backend 'auto' runs '%s' for %s tensors%s", chosen, device_type, reason)
         return chosen
-    if device_type != ("cpu" if backend == "cpp" else "cuda"):
+    if _DEVICE_BACKEND.get(device_type) != backend:
         fix = "backend='cuda'" if device_type == "cuda" else "backend='cpp'" if device_type == "cpu" else "backend='python'"
         raise ValueError(
             f"LLTM backend {backend!r} runs on {'CPU' if backend == 'cpp' else 'CUDA'} tensors, but the "
             f"tensors are on {device_type}; use {fix} or backend='auto', or move the tensors"
         )
-    if backend not in available_backends():
+    if backend not in (_available or available_backends()):
         raise RuntimeError(f"LLTM backend {backend!r} is not available: {_why_unavailable(backend)}")
     return backend

@@ -1,14 +1,22 @@
-"""``lltm-bench``: forward + backward throughput of one LLTM layer against the layers a user would pick instead.
+"""``lltm-bench``: the speed and memory figures of BENCHMARKS.md, each measured beside what a user would pick instead.
 
-For each configuration (``../shared/PERFORMANCE.md``'s names) it first checks the compiled backend against
-the python backend on the same inputs, then times forward + backward of the whole sequence (tokens =
-T x B) for ``torch.nn.LSTM`` (cuDNN on a GPU, oneDNN/ATen on a CPU; 4 gates to the LLTM's 3), the python
-backend (input projection hoisted, time loop in Python) and the compiled backend (``cpp`` or ``cuda``).
+Layers (default): forward + backward of one layer over a whole sequence (tokens = T x B) for
+``torch.nn.LSTM`` (cuDNN on a GPU, oneDNN/ATen on a CPU; 4 gates to the LLTM's 3), the python backend
+(input projection hoisted, time loop in Python) and the compiled backend (``cpp`` or ``cuda``); the seed
+cell (one step) against ``torch.nn.LSTMCell``; peak memory on a GPU. Before timing a configuration it
+checks the compiled backend against the python one on the same inputs and stops if they differ.
+
+Training (``--training``): the default job's model (CharLM, embedding 64, 1 x 256, T = 128, B = 64,
+AdamW, clipping) in a bare loop (a fixed batch, no framework) and through ``lltm-train`` (Lightning, the
+Shakespeare data, logging, checkpoints), with the LLTM and with an ``nn.LSTM`` of the same width; tokens/s
+of each and the ratios the targets name.
+
 GPU times come from CUDA events after warm-up, CPU times from ``time.perf_counter``; each figure is the
 median of ``--repeats`` timings, every contender measured in the same process on the same data.
 
     lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell
     lltm-bench --device cuda --dtype bfloat16 --json bench.json
+    lltm-bench --training --device cuda --steps 300
 """
 
 from __future__ import annotations
@@ -18,11 +26,13 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 
+from .backends import resolve_backend
 from .functional import lltm_cell, lltm_layer
 
 CONFIGS = {  # name: (T, B, input_size, hidden_size)
@@ -98,7 +108,7 @@ def _contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backen
             out, _ = lstm(x)
             out.backward(grad)
 
-    return [("nn.LSTM", run_lstm), ("python", lltm("python")), (backend, lltm(backend))], (x, w_ih, w_hh, bias)
+    return [("nn.LSTM", run_lstm), ("python", lltm("python")), (backend, lltm(backend))]
 
 
 def check_against_python(T, B, I, H, device, dtype, backend: str) -> float:
@@ -117,6 +127,7 @@ def check_against_python(T, B, I, H, device, dtype, backend: str) -> float:
 
 
 def peak_memory_mib(fn: Callable[[], None], device) -> float:
+    """Peak CUDA memory one call of fn allocates beyond what was allocated before it, MiB."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(device)
@@ -126,8 +137,10 @@ def peak_memory_mib(fn: Callable[[], None], device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def run(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int) -> list[dict]:
-    backend = "cuda" if device.type == "cuda" else "cpp"
+def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int) -> list[dict]:
+    backend = resolve_backend("auto", device.type)
+    if backend == "python":
+        raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
@@ -135,10 +148,10 @@ def run(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: i
         err = check_against_python(min(T, 64), B, I, H, device, dtype, backend)
         if not err < tol:
             raise SystemExit(f"lltm-bench: {backend} differs from python on {name}: relative error {err:.2e} > {tol}")
-        contenders, _ = _contenders(name, T, B, I, H, device, dtype, backend)
         calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
-        row = {"config": name, "T": T, "B": B, "input_size": I, "hidden_size": H, "check_rel_err": err, "seconds": {}, "tokens_per_s": {}}
-        for label, fn in contenders:
+        row = {"config": name, "T": T, "B": B, "input_size": I, "hidden_size": H, "check_rel_err": err, "seconds": {},
+               "tokens_per_s": {}}
+        for label, fn in _contenders(name, T, B, I, H, device, dtype, backend):
             sec = measure(fn, device, repeats, calls)
             row["seconds"][label] = sec
             row["tokens_per_s"][label] = T * B / sec
@@ -164,6 +177,77 @@ def _format(row: dict, backend: str) -> str:
             f"{backend}/LSTM {row['ratio_vs_lstm']:.2f}x, {backend}/python {row['ratio_vs_python']:.2f}x{mem}")
 
 
+def bare_loop_tokens_per_s(cell: str, device: torch.device, steps: int, vocab: int = 84) -> float:
+    """The default job's model and optimiser in a plain loop over one fixed batch: the ceiling of training."""
+    from .models import CharLM
+
+    torch.manual_seed(0)
+    model = CharLM(vocab, hidden_size=256, embedding_dim=64, cell=cell).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.008, weight_decay=0.01, fused=True)
+    x = torch.randint(0, vocab, (128, 64), device=device)
+    y = torch.randint(0, vocab, (128, 64), device=device)
+
+    def step():
+        logits, _ = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+
+    seconds = measure(step, device, repeats=3, calls=max(1, steps // 3), warmup=5)
+    return 128 * 64 / seconds
+
+
+def lltm_train_tokens_per_s(cell: str, device: torch.device, steps: int) -> float:
+    """The default job through lltm-train (``train()`` on the composed config) for ``steps`` steps: the
+    Throughput callback's average over the run (validation, start-up and the first window excluded)."""
+    from hydra import compose, initialize_config_dir
+
+    from .callbacks import Throughput
+    from .config import config_dir
+    from .train import _prepare
+
+    with tempfile.TemporaryDirectory() as out:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                f"paths.output_dir={out}", f"model.cell={cell}", f"trainer.max_steps={steps}",
+                f"trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}", f"trainer.val_check_interval={steps}",
+                "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "model.sample_length=0"])
+        datamodule, task, trainer, _, _ = _prepare(cfg)
+        trainer.fit(task, datamodule=datamodule)
+        throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+        return throughput.average_tokens_per_s or float("nan")
+
+
+def run_training(device: torch.device, steps: int) -> dict:
+    result = {"steps": steps}
+    for cell in ("lltm", "lstm"):
+        result[f"bare_{cell}"] = bare_loop_tokens_per_s(cell, device, steps)
+        result[f"lltm_train_{cell}"] = lltm_train_tokens_per_s(cell, device, steps)
+        print(f"training, cell={cell}: bare loop {result[f'bare_{cell}']:,.0f} tokens/s, lltm-train "
+              f"{result[f'lltm_train_{cell}']:,.0f} tokens/s ({result[f'lltm_train_{cell}'] / result[f'bare_{cell}']:.2f}x "
+              "of the bare loop)", flush=True)
+    result["lltm_vs_lstm_lltm_train"] = result["lltm_train_lltm"] / result["lltm_train_lstm"]
+    result["lltm_vs_lstm_bare"] = result["bare_lltm"] / result["bare_lstm"]
+    result["lltm_train_vs_bare"] = result["lltm_train_lltm"] / result["bare_lltm"]
+    print(f"training: LLTM / nn.LSTM {result['lltm_vs_lstm_lltm_train']:.2f}x through lltm-train "
+          f"({result['lltm_vs_lstm_bare']:.2f}x bare); lltm-train / bare loop {result['lltm_train_vs_bare']:.2f}x", flush=True)
+    return result
+
+
+def _machine(device: torch.device, args) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu, "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": args.dtype,
+            "repeats": args.repeats}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -171,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training")
     parser.add_argument("--json", help="write the raw figures and the machine to this file")
     args = parser.parse_args(argv)
     configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
@@ -179,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
-    if args.repeats < 1 or (args.threads is not None and args.threads < 1):
-        parser.error("--repeats and --threads must be at least 1")
+    if args.repeats < 1 or args.steps < 10 or (args.threads is not None and args.threads < 1):
+        parser.error("--repeats and --threads must be at least 1, --steps at least 10")
     if args.json:
         try:
             open(args.json, "a").close()  # find an unwritable path now, not after the whole benchmark
@@ -191,14 +277,15 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda":  # TF32 for every contender alike
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    machine = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-               "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "dtype": args.dtype, "repeats": args.repeats}
+    machine = _machine(device, args)
     print(f"lltm-bench: {machine}", flush=True)
-    rows = run(configs, device, getattr(torch, args.dtype), args.repeats)
+    if args.training:
+        results = run_training(device, args.steps)
+    else:
+        results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "command": " ".join(sys.argv), "results": rows}, f, indent=1)
+            json.dump({"machine": machine, "command": " ".join(["lltm-bench", *sys.argv[1:]]), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

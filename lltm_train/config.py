@@ -23,8 +23,23 @@ def config_dir() -> Path:
 
 
 def _hints(target) -> tuple[dict, bool]:
-    """Type hints of ``target``'s parameters (skipping any that cannot be resolved) and whether it takes **kwargs."""
-    fn = target.__init__ if inspect.isclass(target) else target
+    """Type hints of ``target``'s parameters (Any where a hint cannot be resolved) and whether it takes
+    **kwargs. A class whose ``__init__`` passes **kwargs on to its base class's also takes the base's
+    parameters (e.g. a task's optimizer and scheduler)."""
+    if not inspect.isclass(target):
+        return _signature_hints(target)
+    hints: dict = {}
+    for cls in target.__mro__:
+        if "__init__" not in cls.__dict__:
+            continue
+        own, takes_kwargs = _signature_hints(cls.__init__)
+        hints = own | hints
+        if not takes_kwargs or cls.__init__ is object.__init__:
+            return hints, takes_kwargs
+    return hints, True
+
+
+def _signature_hints(fn) -> tuple[dict, bool]:
     params = inspect.signature(fn).parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     try:
@@ -36,7 +51,7 @@ def _hints(target) -> tuple[dict, bool]:
                 hints[name] = typing.get_type_hints(type("_", (), {"__annotations__": {name: p.annotation}}), fn.__globals__)[name]
             except Exception:  # noqa: BLE001
                 pass
-    names = {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    names = {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "self"}
     return {n: h for n, h in hints.items() if n in names} | {n: typing.Any for n in names - hints.keys()}, takes_kwargs
 
 
@@ -76,40 +91,39 @@ def check_node(node: DictConfig, key: str) -> None:
             ) from None
 
 
-_TOP_LEVEL = {"seed", "ckpt_path", "test", "backend", "dataset", "model", "trainer", "logger", "callbacks", "paths", "experiment"}
-_MODEL_KEYS = {"hidden_size", "num_layers", "dropout", "bidirectional", "embedding_dim", "compile", "sample_length",
-               "sample_temperature", "optimizer", "scheduler"}
+def known_top_level_keys() -> set[str]:
+    """The primary config's own keys and its config groups (conf/*/), read from conf/."""
+    primary = OmegaConf.load(config_dir() / "config.yaml")
+    groups = {p.name for p in config_dir().iterdir() if p.is_dir() and p.name != "hydra"}
+    return (set(primary.keys()) - {"defaults", "hydra"}) | groups
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Checks every instantiable node and the plain values of the primary config and the model group."""
+    """Checks every instantiable node against its target's signature, and the primary config's plain values.
+
+    Raises ConfigError naming the key, before anything is built.
+    """
     missing = OmegaConf.missing_keys(cfg)
     if missing:
         raise ConfigError(f"missing value for {', '.join(sorted(missing))}: set it on the command line, e.g. {sorted(missing)[0]}=...")
-    for key in ("dataset", "trainer", "logger", "model.optimizer", "model.scheduler"):
+    unknown = sorted(set(cfg.keys()) - known_top_level_keys())
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: no such setting; the config has {', '.join(sorted(known_top_level_keys()))}")
+    for key in ("dataset", "model", "trainer", "logger"):
         node = OmegaConf.select(cfg, key)
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, key)
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, f"callbacks.{name}")
-    expected = {"seed": int, "test": bool, "model.hidden_size": int, "model.num_layers": int, "model.embedding_dim": int,
-                "model.dropout": float, "model.bidirectional": bool, "model.compile": bool, "model.sample_length": int,
-                "model.sample_temperature": float}
-    for key, kind in expected.items():
-        value = OmegaConf.select(cfg, key)
-        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
+    for key, kind in {"seed": int, "test": bool, "backend": str, "float32_matmul_precision": str}.items():
+        value = cfg.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
     if not 0 <= cfg.seed < 2**32:
         raise ConfigError(f"seed: expected an integer in [0, 2**32), got {cfg.seed}")
-    for where, node, known in (("", cfg, _TOP_LEVEL), ("model.", cfg.model, _MODEL_KEYS)):
-        unknown = sorted(set(node.keys()) - known)
-        if unknown:
-            raise ConfigError(f"{where}{unknown[0]}: no such setting; the {'model group' if where else 'config'} has "
-                              f"{', '.join(sorted(known))}")
+    if cfg.float32_matmul_precision not in ("highest", "high", "medium"):
+        raise ConfigError(f"float32_matmul_precision: expected highest, high or medium, got {cfg.float32_matmul_precision!r}")
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         raise ConfigError(f"ckpt_path: expected a path or 'last', got {ckpt!r}")

@@ -1,4 +1,8 @@
-"""Functional LLTM: one step (:func:`lltm_cell`) and one whole sequence (:func:`lltm_layer`).
+"""Functional LLTM: a whole sequence (:func:`lltm_layer`) and one step (:func:`lltm_cell`, a layer with T = 1).
+
+This module is the authority on the arguments of the Python API: it checks them once and raises
+TypeError or ValueError with the argument's name; the compiled ops then trust them (their own C++ checks
+guard direct calls of ``torch.ops.lltm``).
 
 Parameters follow ``torch.nn.LSTM``'s layout with three gates instead of four: ``weight_ih`` (3H, I),
 ``weight_hh`` (3H, H), ``bias`` (3H), gate order (input, output, candidate). The tutorial's single weight
@@ -32,44 +36,14 @@ def _autocast(device_type: str, tensors: tuple) -> tuple:
     return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)
 
 
-def _check(op: str, sequence: bool, input, h, c, weight_ih, weight_hh, bias) -> None:
-    layout = "(T, B, input_size)" if sequence else "(B, input_size)"
-    named = {"input": input, "h": h, "c": c, "weight_ih": weight_ih, "weight_hh": weight_hh}
-    if bias is not None:
-        named["bias"] = bias
-    for name, t in named.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if input.dtype not in _DTYPES:
-        raise TypeError(f"{op}: expected a floating-point input (float16, bfloat16, float32, float64), got {input.dtype}")
-    for name, t in named.items():
-        if t.dtype != input.dtype:
-            raise TypeError(f"{op}: {name} has dtype {t.dtype} but input has {input.dtype}; all tensors must share one dtype")
-        if t.device != input.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but input is on {input.device}; all tensors must be on one device")
-    if input.dim() != (3 if sequence else 2):
-        raise ValueError(f"{op}: expected input of shape {layout}, got {tuple(input.shape)}")
-    if weight_hh.dim() != 2 or weight_hh.shape[0] != 3 * weight_hh.shape[1]:
-        raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
-    H, I, B = weight_hh.shape[1], input.shape[-1], input.shape[-2]
-    if sequence and input.shape[0] == 0:
-        raise ValueError(f"{op}: expected a sequence of length T >= 1, got input of shape {tuple(input.shape)}")
-    expected = {"weight_ih": (3 * H, I), "h": (B, H), "c": (B, H), "bias": (3 * H,)}
-    for name, shape in expected.items():
-        if name in named and tuple(named[name].shape) != shape:
-            raise ValueError(
-                f"{op}: expected {name} of shape {shape} for input {tuple(input.shape)} and hidden_size {H}, "
-                f"got {tuple(named[name].shape)}"
-            )
-
-
-def _state(op: str, hx, input: Tensor, weight_hh: Tensor, batch_dim: int) -> tuple[Tensor, Tensor]:
+def _state_or_zeros(op: str, hx, input, weight_hh, batch_dim: int) -> tuple[Tensor, Tensor]:
+    """(h_0, c_0) from ``hx``, or zeros of the right shape when it is None."""
     for name, t in (("input", input), ("weight_hh", weight_hh)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if weight_hh.dim() != 2:
-        raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
     if hx is None:
+        if weight_hh.dim() != 2:
+            raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
         if input.dim() <= batch_dim:
             raise ValueError(f"{op}: expected input with a batch dimension at {batch_dim}, got {tuple(input.shape)}")
         zeros = input.new_zeros(input.shape[batch_dim], weight_hh.shape[-1])
@@ -79,23 +53,103 @@ def _state(op: str, hx, input: Tensor, weight_hh: Tensor, batch_dim: int) -> tup
     return hx[0], hx[1]
 
 
-def _no_forward_ad(op: str, tensors: tuple) -> None:
-    # The compiled ops have no forward-mode derivative, and PyTorch would drop the tangents silently.
-    if torch.compiler.is_compiling():
-        return
-    if any(isinstance(t, Tensor) and fwAD.unpack_dual(t).tangent is not None for t in tensors):
-        raise NotImplementedError(
-            f"{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not supported by the cpp and "
-            "cuda backends; use backend='python'"
-        )
+def _check(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias) -> None:
+    named = {"input": input, "h": h, "c": c, "weight_ih": weight_ih, "weight_hh": weight_hh, "bias": bias}
+    for name, t in named.items():
+        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"{op}: expected a floating-point input (float16, bfloat16, float32, float64), got {input.dtype}")
+    for name, t in named.items():
+        if t is None:
+            continue
+        if t.dtype != input.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but input has {input.dtype}; all tensors must share one dtype")
+        if t.device != input.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but input is on {input.device}; all tensors must be on one device")
+    if input.dim() != 3:
+        raise ValueError(f"{op}: expected input of shape {layout}, got {tuple(input.shape)}")
+    if weight_hh.dim() != 2 or weight_hh.shape[0] != 3 * weight_hh.shape[1]:
+        raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
+    if input.shape[0] == 0:
+        raise ValueError(f"{op}: expected a sequence of length T >= 1, got input of shape {tuple(input.shape)}")
+    H, I, B = weight_hh.shape[1], input.shape[-1], input.shape[1]
+    for name, shape in (("weight_ih", (3 * H, I)), ("h", (B, H)), ("c", (B, H)), ("bias", (3 * H,))):
+        if named[name] is not None and named[name].shape != shape:
+            raise ValueError(f"{op}: expected {name} of shape {shape} for input {tuple(input.shape)} and hidden_size "
+                             f"{H}, got {tuple(named[name].shape)}")
 
 
-def _run_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> bool:
-    """True when the compiled op runs (else the python reference does); checks what it cannot do."""
+def _check_lengths(op: str, lengths, T: int, B: int) -> None:
+    if not isinstance(lengths, Tensor) or lengths.dtype != torch.int64 or lengths.device.type != "cpu" \
+            or lengths.shape != (B,):
+        got = f"{lengths.dtype} {tuple(lengths.shape)} on {lengths.device}" if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise ValueError(f"{op}: lengths must be an int64 CPU tensor of shape ({B},), got {got}")
+    if B and not (0 <= int(lengths.min()) and int(lengths.max()) <= T):
+        raise ValueError(f"{op}: every length must be in [0, T = {T}], got {lengths.min()} to {lengths.max()}")
+
+
+def _uses_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> bool:
+    """True when ``backend`` means a compiled op for these tensors (False: the python reference)."""
     if resolve_backend(backend, device_type) == "python":
         return False
-    _no_forward_ad(op, tensors)
+    # The compiled ops have no forward-mode derivative. Tangents exist only inside a dual level
+    # (torch.func.jvp, torch.autograd.forward_ad), so the common case costs one comparison.
+    if fwAD._current_level >= 0 and not torch.compiler.is_compiling():
+        if any(isinstance(t, Tensor) and fwAD.unpack_dual(t).tangent is not None for t in tensors):
+            raise NotImplementedError(f"{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
+                                      "supported by the cpp and cuda backends; use backend='python'")
     return True
+
+
+def _layer(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias, lengths, backend):
+    input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
+    _check(op, layout, input, h, c, weight_ih, weight_hh, bias)
+    if lengths is not None:
+        _check_lengths(op, lengths, input.shape[0], input.shape[1])
+    if _uses_compiled(op, backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
+        output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(input, h, c, weight_ih, weight_hh, bias, lengths)
+        return output, h_n, c_n
+    return reference.layer_forward(input, h, c, weight_ih, weight_hh, bias, lengths)
+
+
+def lltm_layer(
+    input: Tensor,
+    hx: tuple[Tensor, Tensor] | None,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias: Tensor | None = None,
+    *,
+    lengths: Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One LLTM layer, one direction, over a whole sequence (the time loop runs inside the backend).
+
+    Args:
+        input: (T, B, input_size), time-major, T >= 1; B may be 0 (empty outputs). Floating point
+            (float16, bfloat16, float32, float64).
+        hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
+        weight_ih: (3 * hidden_size, input_size). weight_hh: (3 * hidden_size, hidden_size).
+        bias: (3 * hidden_size,) or None.
+        lengths: None, or (B,) int64 on the CPU with values in [0, T]: row b runs lengths[b] steps, then
+            keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths).
+        backend: ``"auto"``, ``"python"``, ``"cpp"`` or ``"cuda"`` (see :mod:`lltm_train.backends`).
+
+    Returns:
+        ``(output, (h_n, c_n))``: output (T, B, hidden_size) holds h_1..h_T; h_n and c_n (B, hidden_size)
+        hold each row's state after its last step. Dtype and device of ``input``.
+
+    Raises:
+        TypeError: a non-tensor argument, an integer input, or mixed dtypes.
+        ValueError: wrong shapes, T = 0, bad lengths, mixed devices, an unknown backend or one for
+            another device.
+        RuntimeError: the backend asked for is not built or usable here.
+        NotImplementedError: forward-mode AD or a second derivative with the cpp or cuda backend.
+    """
+    h, c = _state_or_zeros("lltm_layer", hx, input, weight_hh, 1)
+    output, h_n, c_n = _layer("lltm_layer", "(T, B, input_size)", input, h, c, weight_ih, weight_hh, bias, lengths,
+                              backend)
+    return output, (h_n, c_n)
 
 
 def lltm_cell(
@@ -107,60 +161,22 @@ def lltm_cell(
     *,
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    """One LLTM step.
+    """One LLTM step: :func:`lltm_layer` over a sequence of length 1.
 
     Args:
-        input: (B, input_size), floating point (float16, bfloat16, float32, float64).
-        hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
-        weight_ih: (3 * hidden_size, input_size). weight_hh: (3 * hidden_size, hidden_size).
-        bias: (3 * hidden_size,) or None.
-        backend: ``"auto"``, ``"python"``, ``"cpp"`` or ``"cuda"`` (see :mod:`lltm_train.backends`).
+        input: (B, input_size). hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
+        weight_ih, weight_hh, bias, backend: as in :func:`lltm_layer`.
 
     Returns:
         ``(h_1, c_1)``, each (B, hidden_size), dtype and device of ``input``.
 
     Raises:
-        TypeError: a non-tensor argument, an integer input, or mixed dtypes.
-        ValueError: wrong shapes, mixed devices, an unknown backend or one for another device.
-        RuntimeError: the backend asked for is not built or usable here.
-        NotImplementedError: forward-mode AD or a second derivative with the cpp or cuda backend.
+        As :func:`lltm_layer`.
     """
-    h, c = _state("lltm_cell", hx, input, weight_hh, 0)
-    input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
-    _check("lltm_cell", False, input, h, c, weight_ih, weight_hh, bias)
-    if not _run_compiled("lltm_cell", backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
-        return reference.lltm_cell(input, h, c, weight_ih, weight_hh, bias)
-    h_1, c_1, _ = torch.ops.lltm.cell_forward(input, h, c, weight_ih, weight_hh, bias)
+    h, c = _state_or_zeros("lltm_cell", hx, input, weight_hh, 0)
+    if not isinstance(input, Tensor) or input.dim() != 2:
+        got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise ValueError(f"lltm_cell: expected input of shape (B, input_size), got {got}")
+    _, h_1, c_1 = _layer("lltm_cell", "(B, input_size)", input.unsqueeze(0), h, c, weight_ih, weight_hh, bias, None,
+                         backend)
     return h_1, c_1
-
-
-def lltm_layer(
-    input: Tensor,
-    hx: tuple[Tensor, Tensor] | None,
-    weight_ih: Tensor,
-    weight_hh: Tensor,
-    bias: Tensor | None = None,
-    *,
-    backend: str = "auto",
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One LLTM layer, one direction, over a whole sequence (the time loop runs inside the backend).
-
-    Args:
-        input: (T, B, input_size), time-major, T >= 1; B may be 0 (empty outputs).
-        hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
-        weight_ih, weight_hh, bias, backend: as in :func:`lltm_cell`.
-
-    Returns:
-        ``(output, (h_n, c_n))``: output (T, B, hidden_size) holds h_1..h_T; h_n and c_n are (B, hidden_size).
-
-    Raises:
-        As :func:`lltm_cell`; also ValueError for T = 0.
-    """
-    h, c = _state("lltm_layer", hx, input, weight_hh, 1)
-    input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
-    _check("lltm_layer", True, input, h, c, weight_ih, weight_hh, bias)
-    if not _run_compiled("lltm_layer", backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
-        output, h_n, c_n = reference.lltm_layer(input, h, c, weight_ih, weight_hh, bias)
-    else:
-        output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(input, h, c, weight_ih, weight_hh, bias)
-    return output, (h_n, c_n)

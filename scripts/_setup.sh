@@ -1,9 +1,20 @@
 # Sourced by scripts/train.sh and scripts/test.sh: creates or reuses the virtual environment and installs
 # lltm-train (compiling its extension) and the data-set packages, skipping all of it when nothing changed.
 # Settings: LLTM_VENV (default <repo>/.venv), PYTHON (default python3),
-#           LLTM_TORCH_SPEC (default torch==2.13.0; installed only when the venv has no torch).
+#           LLTM_TORCH_SPEC (default torch==2.13.0; installed only when the venv has no torch),
+#           LLTM_PYTHON (an interpreter whose environment already has everything: no venv, no installs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# OpenMP threads spin for a long while between parallel regions; on a 2-core machine that another process
+# shares, that spinning made training about 8x slower (measured; 30000 keeps the idle speed and halves that loss).
+export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-30000}"
+if [ -n "${LLTM_PYTHON:-}" ]; then
+  # An environment managed elsewhere (a conda env, a cluster image, the GPU machine): use it as it is,
+  # with this checkout on the path; the extension compiles on first use into .cache/extension/.
+  PY="$LLTM_PYTHON"
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  return 0 2>/dev/null || exit 0
+fi
 VENV="${LLTM_VENV:-$ROOT/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   "${PYTHON:-python3}" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
@@ -12,9 +23,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-# OpenMP threads spin for a long while between parallel regions; on a 2-core machine that another process
-# shares, that spinning made training about 8x slower (measured; 30000 keeps the idle speed and halves that loss).
-export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-30000}"
 stamp="$VENV/.lltm-setup"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/requirements-data.txt" "$ROOT"/csrc/* | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c 'import lltm_train._C' 2>/dev/null; then

@@ -1,8 +1,9 @@
-"""Shared fixtures: which devices and backends the op tests run on."""
+"""Shared fixtures: which devices and backends the op tests run on, and reproducible random inputs."""
 
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -10,9 +11,7 @@ import torch
 import lltm_train
 
 CUDA_READY = torch.cuda.is_available() and "cuda" in lltm_train.available_backends()
-CUDA_SKIP_REASON = (
-    "needs a CUDA device and the extension's CUDA kernels (run on the GPU machine: pytest -m cuda)"
-)
+CUDA_SKIP_REASON = "needs a CUDA device and the extension's CUDA kernels (run on the GPU machine: scripts/test.sh -m cuda)"
 
 # (device, compiled backend) pairs; the python backend is the oracle they are compared with.
 DEVICE_BACKENDS = [
@@ -24,6 +23,15 @@ DEVICE_BACKENDS = [
     ),
 ]
 
+# Fresh random inputs on every run, reproducible from the seed in the report header:
+# LLTM_TEST_SEED=<seed> pytest ... replays them. Each test's seed also depends on its own name, so a
+# test sees the same inputs whichever other tests run before it.
+SESSION_SEED = int(os.environ.get("LLTM_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+
+
+def pytest_report_header(config) -> str:
+    return f"LLTM_TEST_SEED={SESSION_SEED} (set it to replay this run's random inputs)"
+
 
 @pytest.fixture(params=DEVICE_BACKENDS)
 def device_backend(request) -> tuple[str, str]:
@@ -31,8 +39,18 @@ def device_backend(request) -> tuple[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_seed() -> None:
-    """Fresh random inputs on every run; a failure's captured output shows the seed to replay it with."""
-    seed = int(os.environ.get("LLTM_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    torch.manual_seed(seed)
-    print(f"LLTM_TEST_SEED={seed}")
+def _seeded_and_isolated(request):
+    """Seeds each test, and restores the float32 matmul precision that a training run sets process-wide."""
+    torch.manual_seed(zlib.crc32(f"{SESSION_SEED}:{request.node.nodeid}".encode()))
+    precision = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.fixture
+def full_float32():
+    """Full float32 matrix products (no TF32) for the duration of a test."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)

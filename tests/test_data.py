@@ -20,8 +20,8 @@ def test_shakespeare_is_the_complete_works_at_character_level():
     dm = ShakespeareDataModule(seq_len=50, batch_size=4)
     dm.setup("fit")
     assert len(dm.files) == 42 and len(dm.vocab) == 84 and dm.task.kind == "tokens" and dm.task.input_size == 84
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == y.shape == (4, 50) and x.dtype == torch.int64
+    x, lengths, y = next(iter(dm.train_dataloader()))
+    assert lengths is None and x.shape == y.shape == (4, 50) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
     total = sum(len(s) * 50 for s in (dm.train_set, dm.val_set, dm.test_set))
     assert 5_000_000 < total <= 5_057_198 + 41 * 2
@@ -32,7 +32,7 @@ def test_text_file_relative_to_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "book.txt").write_text("abcdefghij" * 300 + "é", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     dm = TextDataModule(path="book.txt", seq_len=16, batch_size=2)
-    x, y = first_batch(dm)
+    x, _, y = first_batch(dm)
     assert dm.vocab == list("abcdefghij") + ["é"] and x.shape == (2, 16)
     assert dm.decode(dm.encode("jé")) == "jé"
 
@@ -43,7 +43,10 @@ def test_text_errors_are_clear(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 2000)
     with pytest.raises(ValueError, match="is not utf-8 text .* set dataset.encoding"):
         TextDataModule(path=str(tmp_path / "latin1.txt")).setup("fit")
-    assert TextDataModule(path=str(tmp_path / "latin1.txt"), seq_len=8, encoding="latin-1").setup("fit") is None
+    latin1 = TextDataModule(path=str(tmp_path / "latin1.txt"), seq_len=8, encoding="latin-1")
+    latin1.setup("fit")
+    assert latin1.vocab == [" ", "a", "c", "f", "\xe9"] and latin1.task.input_size == 5
+    assert latin1.decode(latin1.train_set[0][0].tolist()) == "caf\xe9 caf"
     (tmp_path / "short.txt").write_text("too short")
     with pytest.raises(ValueError, match="too few for seq_len=128"):
         TextDataModule(path=str(tmp_path / "short.txt")).setup("fit")
@@ -62,11 +65,11 @@ def test_restored_vocabulary_must_match(tmp_path):
 @pytest.mark.parametrize("mode, shape", [("rows", (28, 28)), ("pixels", (784, 1))])
 def test_sequential_mnist(mode, shape):
     dm = SequentialMNISTDataModule(mode=mode, batch_size=8)
-    x, y = first_batch(dm, "val")
-    assert x.shape == (8, *shape) and y.shape == (8,) and 0 <= x.min() and x.max() < 1
+    x, lengths, y = first_batch(dm, "val")
+    assert lengths is None and x.shape == (8, *shape) and y.shape == (8,) and 0 <= x.min() and x.max() < 1
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (50000, 10000, 10000)
     permuted = SequentialMNISTDataModule(mode=mode, permute=True, batch_size=8)
-    xp, yp = first_batch(permuted, "val")
+    xp, _, yp = first_batch(permuted, "val")
     assert torch.equal(y, yp) and not torch.equal(x, xp)
     assert torch.allclose(x.flatten(1).sort(1).values, xp.flatten(1).sort(1).values)  # same pixels, reordered
 
@@ -82,10 +85,10 @@ def test_japanese_vowels_has_variable_lengths():
 
 def test_co2_windows_are_finite_and_standardised():
     dm = CO2DataModule(context=52, horizon=4)
-    x, y = first_batch(dm)
+    x, _, y = first_batch(dm)
     assert x.shape[1:] == (52, 1) and y.shape[1:] == (4,)
     train = dm.train_set.tensors[0]
-    assert torch.isfinite(train).all() and abs(float(train.mean())) < 0.5 and 10 < dm.scale < 30
+    assert torch.isfinite(train).all() and abs(float(train.mean())) < 0.5 and 10 < dm.task.scale < 30
 
 
 def test_adding_problem_targets_and_baseline():
@@ -119,3 +122,56 @@ def test_non_finite_series_values_are_refused(tmp_path):
     path.write_text("@classLabel true a b\n@data\n1.0,2.0:0.5,NaN:a\n")
     with pytest.raises(ValueError, match=r"bad.ts:3 holds 1 non-finite values"):
         read_ts(path)
+
+
+def test_token_windows_getitems_matches_getitem():
+    from lltm_train.data.text import TokenWindows
+
+    tokens = torch.randint(0, 50, (103,), dtype=torch.int32)
+    windows = TokenWindows(tokens, 10)
+    assert len(windows) == 10  # (103 - 1) // 10: the last window needs one more token for its target
+    indices = [9, 0, 4, 4, 7]  # unsorted, repeated, and the last window
+    batch = windows.__getitems__(indices)
+    assert batch.lengths is None and batch.x.dtype == batch.y.dtype == torch.int64
+    assert torch.equal(batch.x, torch.stack([windows[i][0] for i in indices]))
+    assert torch.equal(batch.y, torch.stack([windows[i][1] for i in indices]))
+    x, y = windows[9]
+    assert torch.equal(x, tokens[90:100].long()) and torch.equal(y, tokens[91:101].long())
+    assert len(TokenWindows(tokens[:10], 10)) == 0 and len(TokenWindows(tokens[:11], 10)) == 1
+
+
+def test_text_loader_batches_are_the_windows(tmp_path):
+    (tmp_path / "t.txt").write_text("".join(chr(97 + (i * 7) % 26) for i in range(3000)))
+    dm = TextDataModule(path=str(tmp_path / "t.txt"), seq_len=12, batch_size=5)
+    x, lengths, y = first_batch(dm, "val")  # not shuffled: windows 0..4 of the validation split
+    assert lengths is None
+    assert torch.equal(x, torch.stack([dm.val_set[i][0] for i in range(5)]))
+    assert torch.equal(y, torch.stack([dm.val_set[i][1] for i in range(5)]))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: AddingDataModule(seq_len=6, train_size=11, val_size=5, test_size=7),
+    lambda: CopyDataModule(delay=4, length=2, train_size=11, val_size=5, test_size=7),
+], ids=["adding", "copy"])
+def test_synthetic_splits_have_their_sizes(make):
+    dm = make()
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (11, 5, 7)
+    assert not torch.equal(dm.val_set.tensors[0][:5], dm.test_set.tensors[0][:5])  # separate draws
+    x, _, y = next(iter(dm.test_dataloader()))
+    assert x.shape[0] == 7 and y.shape[0] == 7
+
+
+def test_text_task_spec_encodes_and_decodes(tmp_path):
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    (tmp_path / "fox.txt").write_text(text)
+    dm = TextDataModule(path=str(tmp_path / "fox.txt"), seq_len=16)
+    dm.setup("fit")
+    spec = dm.task
+    assert spec.kind == "tokens" and spec.input_size == spec.output_size == len(set(text)) == len(dm.vocab)
+    ids = spec.encode("lazy fox.")
+    assert all(0 <= i < spec.input_size for i in ids) and len(ids) == 9
+    assert spec.decode(ids) == "lazy fox."
+    assert spec.decode(spec.encode(text)) == text
+    assert spec.encode("Zq!") == spec.encode("q")  # characters outside the vocabulary are dropped
+    assert spec.decode(dm.train_set[0][0].tolist()) == text[:16]

@@ -73,6 +73,23 @@ def test_packed_sequence_final_state_at_true_length(backend, bidirectional):
     assert torch.all(x.grad[1, 1:] == 0) and torch.all(x.grad[1, 0] != 0)  # padding gets no gradient
 
 
+def test_packed_sequence_is_one_op_call_per_layer_and_direction(monkeypatch):
+    import lltm_train.nn.lltm as module
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("lengths"))
+        return lltm_layer(*args, **kwargs)
+
+    monkeypatch.setattr(module, "lltm_layer", counting)
+    m = LLTM(3, 5, num_layers=2, bidirectional=True, backend="cpp")
+    lengths = torch.tensor([7, 1, 4, 4, 2, 6])  # five distinct lengths
+    m(pack_padded_sequence(torch.randn(7, 6, 3), lengths, enforce_sorted=False))
+    assert len(calls) == 4  # 2 layers x 2 directions, whatever the lengths
+    assert all(sorted(c.tolist(), reverse=True) == sorted(lengths.tolist(), reverse=True) for c in calls)
+
+
 def test_state_dict_moves_between_backends_unchanged():
     torch.manual_seed(2)
     src = LLTM(4, 6, num_layers=2, backend="python", dtype=torch.float64)

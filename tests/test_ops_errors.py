@@ -46,6 +46,22 @@ def test_bad_layer_input_raises_clear_error(backend, case, mutate, exc, message)
         lltm_layer(*mutate(params()), backend=backend)
 
 
+BAD_LENGTHS = [
+    (torch.tensor([3, 1, 1]), r"lengths must be an int64 CPU tensor of shape \(2,\), got torch.int64 \(3,\)"),
+    (torch.tensor([3, 4]), r"every length must be in \[0, T = 3\], got 3 to 4"),
+    (torch.tensor([3.0, 1.0]), "lengths must be an int64 CPU tensor of shape .* got torch.float32"),
+    ([3, 1], "got list"),
+]
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+@pytest.mark.parametrize("bad, message", BAD_LENGTHS, ids=["size", "range", "dtype", "list"])
+def test_bad_lengths_raise_clear_error(backend, bad, message):
+    x, hx, w_ih, w_hh, b = params()
+    with pytest.raises(ValueError, match=message):
+        lltm_layer(x, hx, w_ih, w_hh, b, lengths=bad, backend=backend)
+
+
 @pytest.mark.parametrize("backend", ["python", "cpp"])
 def test_bad_cell_input_raises_clear_error(backend):
     x, hx, w_ih, w_hh, b = params()
@@ -59,16 +75,20 @@ def test_raw_ops_check_their_arguments():
     assert lltm_train.ops.load()
     x, (h, c), w_ih, w_hh, b = params()
     with pytest.raises(RuntimeError, match=r"lltm.layer_forward: expected weight_ih of shape"):
-        torch.ops.lltm.layer_forward(x, h, c, w_ih[:, :2], w_hh, b)
+        torch.ops.lltm.layer_forward(x, h, c, w_ih[:, :2], w_hh, b, None)
     with pytest.raises(RuntimeError, match="all tensors must share one dtype"):
-        torch.ops.lltm.cell_forward(x[0], h.double(), c, w_ih, w_hh, b)
+        torch.ops.lltm.layer_forward(x, h.double(), c, w_ih, w_hh, b, None)
     with pytest.raises(RuntimeError, match="T >= 1"):
-        torch.ops.lltm.layer_forward(x[:0], h, c, w_ih, w_hh, b)
-    out, h_n, c_n, cells, gates = torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b)
+        torch.ops.lltm.layer_forward(x[:0], h, c, w_ih, w_hh, b, None)
+    with pytest.raises(RuntimeError, match=r"lengths\[1\] = 9 is outside \[0, T = 3\]"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, torch.tensor([1, 9]))
+    with pytest.raises(RuntimeError, match="expected lengths as an int64 tensor on the CPU"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, torch.tensor([1, 2], dtype=torch.int32))
+    out, h_n, c_n, cells, activations = torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, None)
     with pytest.raises(RuntimeError, match="expected grad_output of shape"):
-        torch.ops.lltm.layer_backward(out[:1], h_n, c_n, x, h, w_ih, w_hh, out, cells, gates)
-    with pytest.raises(RuntimeError, match="expected gates of shape"):
-        torch.ops.lltm.layer_backward(out, h_n, c_n, x, h, w_ih, w_hh, out, cells, gates[:, :, :3])
+        torch.ops.lltm.layer_backward(out[:1], h_n, c_n, x, h, w_ih, w_hh, out, cells, activations, None)
+    with pytest.raises(RuntimeError, match="expected activations of shape"):
+        torch.ops.lltm.layer_backward(out, h_n, c_n, x, h, w_ih, w_hh, out, cells, activations[:, :, :3], None)
 
 
 def test_unknown_backend_and_wrong_device():
@@ -83,6 +103,7 @@ def test_unknown_backend_and_wrong_device():
 
 
 def test_unbuilt_backend_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setattr(backends, "_available", [])
     monkeypatch.setattr(backends.ops, "load", lambda: False)
     monkeypatch.setattr(backends.ops, "load_error", lambda: "OSError: no compiler")
     with pytest.raises(RuntimeError, match="backend 'cpp' is not available: the compiled extension could not be loaded \\(OSError: no compiler\\)"):
@@ -100,6 +121,7 @@ def test_auto_says_once_which_backend_it_chose(monkeypatch, caplog):
 
 def test_auto_falls_back_to_python_and_says_why(monkeypatch, caplog):
     monkeypatch.setattr(backends, "_announced", set())
+    monkeypatch.setattr(backends, "_available", [])
     monkeypatch.setattr(backends.ops, "load", lambda: False)
     monkeypatch.setattr(backends.ops, "load_error", lambda: "RuntimeError: no ninja")
     with caplog.at_level(logging.INFO, logger="lltm_train"):
@@ -113,7 +135,7 @@ def test_unsupported_derivatives_raise_instead_of_returning_zeros():
     x.requires_grad_()
     w_ih.requires_grad_()
     out, _ = lltm_layer(x, hx, w_ih, w_hh, b, backend="cpp")
-    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)  # first order with a graph: fine
     with pytest.raises(NotImplementedError, match="no second derivative .* use backend='python'"):
         torch.autograd.grad((gx**2).sum(), w_ih)
     h1, _ = lltm_cell(x[0], hx, w_ih, w_hh, b, backend="cpp")
@@ -129,14 +151,13 @@ def test_unsupported_derivatives_raise_instead_of_returning_zeros():
 
 
 def test_raw_ops_refuse_mixed_meta_and_cpu_tensors():
+    """The dispatcher sends calls mixing meta and CPU tensors to the fake kernel: it must refuse them."""
     assert lltm_train.ops.load()
     x, (h, c), w_ih, w_hh, b = params()
-    with pytest.raises(RuntimeError, match="weight_hh is on meta but input is on cpu"):
-        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh.to("meta"), None)
-    with pytest.raises(RuntimeError, match="c is on meta but input is on cpu"):
-        torch.ops.lltm.cell_forward(x[0], h, c.to("meta"), w_ih, w_hh, None)
-    with pytest.raises(RuntimeError, match="expected input with 3 dimensions"):
-        torch.ops.lltm.layer_forward(*(t.to("meta") for t in (x[0], h, c, w_ih, w_hh)), None)
+    with pytest.raises(RuntimeError, match="all tensors must be on one device"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh.to("meta"), None, None)
+    with pytest.raises(RuntimeError, match=r"expected input of shape \(T, B, input_size\)"):
+        torch.ops.lltm.layer_forward(*(t.to("meta") for t in (x[0], h, c, w_ih, w_hh)), None, None)
 
 
 def test_float8_and_scalar_weights_are_clear_errors():

@@ -53,7 +53,7 @@ class RawLayer(torch.nn.Module):
     """What a TorchScript user writes: the registered op called through torch.ops."""
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b: torch.Tensor):
-        out, h_n, c_n, cells, gates = torch.ops.lltm.layer_forward(x, h, h, w_ih, w_hh, b)
+        out, h_n, c_n, cells, activations = torch.ops.lltm.layer_forward(x, h, h, w_ih, w_hh, b, None)
         return out, h_n, c_n
 
 
@@ -96,14 +96,25 @@ def test_jit_build_takes_a_lock_and_clears_a_stale_one(tmp_path, monkeypatch):
     assert len(calls) == 1
     assert calls[0]["build_directory"] == str(build_dir)
     assert calls[0]["is_python_module"] is False
-    assert [p.rsplit("/", 1)[-1] for p in calls[0]["sources"]] == ["lltm.cpp", "lltm_cpu.cpp"]
+    assert [p.rsplit("/", 1)[-1] for p in calls[0]["sources"]] == ["lltm.cpp", "lltm_autograd.cpp", "lltm_cpu.cpp"]
 
 
 def test_missing_sources_and_module_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_extension, "_CSRC", tmp_path / "nothing-here")
-    try:
+    with pytest.raises(RuntimeError, match="pip install --no-build-isolation"):
         _extension._build_just_in_time()
-    except RuntimeError as exc:
-        assert "pip install --no-build-isolation" in str(exc)
-    else:
-        raise AssertionError("expected a RuntimeError")
+
+
+def test_setup_and_the_jit_build_compile_the_same_sources():
+    """setup.py reads the JIT build's source and flag lists, so the two builds cannot drift apart."""
+    import runpy
+    from pathlib import Path
+
+    from lltm_train.ops import _build
+
+    root = Path(_extension.__file__).resolve().parents[2]
+    assert "_build.py" in (root / "setup.py").read_text()
+    lists = runpy.run_path(str(root / "lltm_train" / "ops" / "_build.py"))
+    assert lists["CPP_SOURCES"] == _build.CPP_SOURCES and lists["CUDA_SOURCES"] == _build.CUDA_SOURCES
+    for name in _build.CPP_SOURCES + _build.CUDA_SOURCES:
+        assert (root / "csrc" / name).is_file(), name

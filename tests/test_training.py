@@ -23,10 +23,17 @@ SMALL = {  # a few small batches of every data set
 }
 
 
+TOKEN_DATA = ("shakespeare", "text", "copy")
+
+
 def make_cfg(out, *overrides):
+    dataset = next((o.split("=", 1)[1] for o in overrides if o.startswith("dataset=")), "shakespeare")
+    token_model = ["model.embedding_dim=8", "model.sample_length=20"] if dataset in TOKEN_DATA else []
+    if not any(o.startswith("trainer.accelerator=") for o in overrides):
+        overrides = ("trainer.accelerator=cpu", *overrides)  # also on a GPU machine
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return compose("config", overrides=[f"paths.output_dir={out}", "callbacks.progress_bar.refresh_rate=0",
-                                            "model.hidden_size=16", "model.embedding_dim=8", "model.sample_length=20", *overrides])
+                                            "model.hidden_size=16", *token_model, *overrides])
 
 
 @pytest.fixture
@@ -61,7 +68,7 @@ def test_backends_give_the_same_first_losses(tmp_path, dataset):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
 def test_cuda_backend_gives_the_same_first_losses(tmp_path):
-    _same_first_losses(tmp_path, "adding", "cuda", "trainer.accelerator=gpu")
+    _same_first_losses(tmp_path, "adding", "cuda", "trainer.accelerator=gpu", "float32_matmul_precision=highest")
 
 
 def _same_first_losses(tmp_path, dataset, backend_under_test, *extra):
@@ -129,6 +136,8 @@ def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
     assert "sample" in "".join(acc.Tags()["tensors"])
     hparams = (tmp_path / "tensorboard" / "hparams.yaml").read_text()
     assert "backend_used: cpp" in hparams
+    _, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"]))
+    assert f"num_parameters: {task.num_parameters()}" in hparams
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
@@ -145,14 +154,24 @@ def test_compiled_model_trains(tmp_path):
 
 def test_bidirectional_language_model_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="bidirectional=true cannot be used to predict the next token"):
-        _prepare(make_cfg(tmp_path, "model.bidirectional=true"))
+        train(make_cfg(tmp_path, "model.bidirectional=true"))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_torch_nn_baseline_cells_train_in_the_same_job(tmp_path, cell):
+    cfg = make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}", "+trainer.fast_dev_run=2")
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    datamodule, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}"))
+    baseline = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+    assert isinstance(task.net.rnn, baseline) and task.net.rnn.hidden_size == 16
 
 
 def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     common = ["dataset=adding", *SMALL["adding"], "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
     train(make_cfg(tmp_path / "a", *common))
     ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
-    with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.lltm.bias_l0"):
+    with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.rnn.bias_l0"):
         _prepare(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="cannot read .*junk.ckpt as a checkpoint"):

@@ -20,12 +20,13 @@ class Throughput(Callback):
 
     Lightning's own ThroughputMonitor synchronises the device after every batch; this one only at the end
     of each window, so it does not slow the GPU pipeline down. Time spent in validation is excluded.
-    The LightningModule provides ``count(batch) -> (samples, tokens)``.
+    The LightningModule provides ``count(batch) -> (samples, tokens)`` (without a device synchronisation).
     """
 
     def __init__(self, log_every_n_steps: int | None = None) -> None:
         self.log_every_n_steps = log_every_n_steps
         self.run_tokens, self.run_seconds = 0, 0.0  # over every finished window, for the run's average
+        self.last_figures: dict[str, float] = {}  # the newest window's figures
         self._reset()
 
     @property
@@ -36,7 +37,6 @@ class Throughput(Callback):
     def _reset(self) -> None:
         self._start: float | None = None
         self._steps = self._samples = self._tokens = 0
-        self._last: dict[str, float] = {}
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
@@ -53,23 +53,27 @@ class Throughput(Callback):
         self._samples += samples
         self._tokens += tokens
         every = self.log_every_n_steps or trainer.log_every_n_steps
-        if self._steps >= every:
-            self._sync(pl_module)
-            elapsed = time.perf_counter() - self._start
-            self._last = {
-                "throughput/tokens_per_s": self._tokens / elapsed,
-                "throughput/samples_per_s": self._samples / elapsed,
-                "throughput/step_ms": 1000 * elapsed / self._steps,
-            }
-            self.run_tokens += self._tokens
-            self.run_seconds += elapsed
-            if pl_module.device.type == "cuda":
-                self._last["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-            self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0
-        if self._last:
-            pl_module.log_dict(self._last, on_step=True, on_epoch=False, batch_size=samples)
-            pl_module.log("tok/s", self._last["throughput/tokens_per_s"], prog_bar=True, logger=False, on_step=True,
-                          on_epoch=False, batch_size=samples)
+        if trainer.global_step % every:
+            return
+        self._sync(pl_module)
+        elapsed = time.perf_counter() - self._start
+        figures = {
+            "throughput/tokens_per_s": self._tokens / elapsed,
+            "throughput/samples_per_s": self._samples / elapsed,
+            "throughput/step_ms": 1000 * elapsed / self._steps,
+        }
+        self.run_tokens += self._tokens
+        self.run_seconds += elapsed
+        if pl_module.device.type == "cuda":
+            figures["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0
+        self.last_figures = figures
+        # Straight to the loggers, once per window: figures logged through the LightningModule would be
+        # written again at every later logging step of the Trainer until the next window.
+        for logger in trainer.loggers:
+            logger.log_metrics(figures, step=trainer.global_step - 1)
+        pl_module.log("tok/s", figures["throughput/tokens_per_s"], prog_bar=True, logger=False, on_step=True,
+                      on_epoch=False, batch_size=samples)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0

@@ -1,6 +1,6 @@
 """LightningDataModules, one per ``dataset=`` choice (see ``conf/dataset/``)."""
 
-from .base import SequenceDataModule, TaskSpec
+from .base import Batch, SequenceDataModule, TaskSpec
 from .co2 import CO2DataModule
 from .japanese_vowels import JapaneseVowelsDataModule
 from .smnist import SequentialMNISTDataModule
@@ -9,6 +9,7 @@ from .text import ShakespeareDataModule, TextDataModule
 
 __all__ = [
     "AddingDataModule",
+    "Batch",
     "CO2DataModule",
     "CopyDataModule",
     "JapaneseVowelsDataModule",

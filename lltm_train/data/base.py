@@ -1,51 +1,51 @@
-"""What every data module shares: argument checks, data loaders, and the task it poses to the model."""
+"""What every data module shares: the task it poses, the batch layout, and the data loaders."""
 
 from __future__ import annotations
 
 import importlib.util
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning as L
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+
+from .. import validation as v
+
+
+class Batch(NamedTuple):
+    """One batch of every data set: x (B, T, ...) inputs, lengths (B,) int64 on the CPU for zero-padded
+    variable-length batches (else None), y the targets."""
+
+    x: Tensor
+    lengths: Tensor | None
+    y: Tensor
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """The problem a data set poses, which picks the model and the LightningModule.
+    """The problem a data set poses, which picks the model and tells the task how to read the data.
 
     kind: ``"tokens"`` (a class per step from token inputs: language modelling, copy),
     ``"classification"`` (a class per sequence) or ``"regression"`` (a vector per sequence).
     input_size: features per step (the vocabulary size for ``tokens``).
     output_size: classes (``tokens``, ``classification``) or targets per sequence (``regression``).
     baseline_loss: the validation loss of a known trivial predictor, logged beside the real one.
+    scale: units of the targets per unit of the model's output (standardised regression targets).
+    encode, decode: text <-> token ids, for data sets of text (None otherwise).
     """
 
     kind: str
     input_size: int
     output_size: int
     baseline_loss: float | None = None
-
-
-def positive_int(owner: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
-    return value
-
-
-def fraction(owner: str, name: str, value, upper: float = 0.5) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
-        raise ValueError(f"{owner}: {name} must be a number in (0, {upper}), got {value!r}")
-    return float(value)
-
-
-def check_finite(owner: str, what: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Returns ``tensor``, or raises ValueError if it holds NaN or infinity (which would poison training)."""
-    bad = ~torch.isfinite(tensor)
-    if bad.any():
-        raise ValueError(f"{owner}: {what} holds {int(bad.sum())} non-finite values (NaN or inf)")
-    return tensor
+    scale: float = 1.0
+    encode: Callable[[str], list[int]] | None = None
+    decode: Callable[[list[int]], str] | None = None
 
 
 def package_data_dir(module: str, pip_spec: str) -> Path:
@@ -59,8 +59,9 @@ def package_data_dir(module: str, pip_spec: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-class SequenceDataModule(L.LightningDataModule):
-    """Base of the data modules: subclasses fill ``self.train_set``/``val_set``/``test_set`` in :meth:`build`.
+class SequenceDataModule(L.LightningDataModule, ABC):
+    """Base of the data modules: subclasses fill ``self.train_set``/``val_set``/``test_set`` and
+    :attr:`task` in :meth:`build`. Every loader yields :class:`Batch` es.
 
     Args:
         batch_size: sequences per batch. num_workers: DataLoader worker processes (0 loads in the main process).
@@ -71,30 +72,31 @@ class SequenceDataModule(L.LightningDataModule):
     def __init__(self, batch_size: int = 64, num_workers: int = 0) -> None:
         super().__init__()
         owner = type(self).__name__
-        self.batch_size = positive_int(owner, "batch_size", batch_size)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"{owner}: num_workers must be a non-negative integer, got {num_workers!r}")
-        self.num_workers = num_workers
+        self.batch_size = v.positive_int(owner, "batch_size", batch_size)
+        self.num_workers = v.non_negative_int(owner, "num_workers", num_workers)
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self._built = False
 
+    @abstractmethod
     def build(self) -> None:
         """Loads or generates the data once: sets the three splits and :attr:`task`."""
-        raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
         if not self._built:
             self.build()
             self._built = True
 
-    def collate(self, samples):
-        return torch.utils.data.default_collate(samples)
+    def collate(self, samples) -> Batch:
+        """(x, y) samples -> Batch; data modules with other samples override this."""
+        x, y = torch.utils.data.default_collate(samples)
+        return Batch(x, None, y)
 
     def _loader(self, dataset: Dataset | None, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for data loaders")
+        accelerator = getattr(getattr(self, "trainer", None), "accelerator", None)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -103,6 +105,8 @@ class SequenceDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             collate_fn=self.collate,
             drop_last=shuffle and len(dataset) > self.batch_size,
+            # page-locked batches copy to a GPU without stalling the host on the copy
+            pin_memory=type(accelerator).__name__ == "CUDAAccelerator",
         )
 
     def train_dataloader(self) -> DataLoader:

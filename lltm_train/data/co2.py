@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from .base import SequenceDataModule, TaskSpec, check_finite, fraction, positive_int
+from dataclasses import replace
+
+from .. import validation as v
+from .base import SequenceDataModule, TaskSpec
 
 
 class CO2DataModule(SequenceDataModule):
@@ -14,7 +17,7 @@ class CO2DataModule(SequenceDataModule):
     Source: ``statsmodels.api.datasets.co2`` (Mauna Loa Observatory, 1958-03 to 2001-12, 2,284 weekly
     values, 59 missing and filled by linear interpolation; public domain). The series is split in time:
     the first part trains, then validation, then test (each window lies inside its split). Values are
-    standardised with the training split's mean and deviation (:attr:`scale` ppm per unit).
+    standardised with the training split's mean and deviation (the TaskSpec's ``scale``: ppm per unit).
     Batches are (x, y): x (B, context, 1) and y (B, horizon), float32, standardised.
     """
 
@@ -22,18 +25,17 @@ class CO2DataModule(SequenceDataModule):
                  batch_size: int = 64, num_workers: int = 0) -> None:
         super().__init__(batch_size, num_workers)
         owner = "CO2DataModule"
-        self.context = positive_int(owner, "context", context)
-        self.horizon = positive_int(owner, "horizon", horizon)
-        self.val_fraction = fraction(owner, "val_fraction", val_fraction)
-        self.test_fraction = fraction(owner, "test_fraction", test_fraction)
+        self.context = v.positive_int(owner, "context", context)
+        self.horizon = v.positive_int(owner, "horizon", horizon)
+        self.val_fraction = v.fraction(owner, "val_fraction", val_fraction)
+        self.test_fraction = v.fraction(owner, "test_fraction", test_fraction)
         self.task = TaskSpec("regression", 1, self.horizon)
-        self.scale = 1.0
 
     def build(self) -> None:
         import statsmodels.api as sm
 
         values = sm.datasets.co2.load_pandas().data["co2"].interpolate(method="linear").to_numpy()
-        series = check_finite("CO2DataModule", "the interpolated series", torch.tensor(values, dtype=torch.float32))
+        series = v.finite_tensor("CO2DataModule", "the interpolated series", torch.tensor(values, dtype=torch.float32))
         n = len(series)
         n_test, n_val = int(n * self.test_fraction), int(n * self.val_fraction)
         bounds = [(0, n - n_val - n_test), (n - n_val - n_test, n - n_test), (n - n_test, n)]
@@ -42,7 +44,7 @@ class CO2DataModule(SequenceDataModule):
             raise ValueError(f"CO2DataModule: context + horizon = {window} weeks do not fit in every split of the {n}-week series")
         train = series[: bounds[0][1]]
         mean, std = train.mean(), train.std()
-        self.scale = float(std)
+        self.task = replace(self.task, scale=float(std))
         sets = []
         for a, b in bounds:
             windows = ((series[a:b] - mean) / std).unfold(0, window, 1)  # (N, context + horizon)

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .base import SequenceDataModule, TaskSpec, check_finite, fraction, package_data_dir
+from .. import validation as v
+from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
 
 
 def read_ts(path: Path) -> tuple[list[torch.Tensor], torch.Tensor, list[str]]:
@@ -26,7 +27,7 @@ def read_ts(path: Path) -> tuple[list[torch.Tensor], torch.Tensor, list[str]]:
         *channels, label = line.split(":")
         try:
             values = [[float(v) for v in ch.split(",")] for ch in channels]
-            series.append(check_finite("read_ts", f"{path}:{line_no}", torch.tensor(values, dtype=torch.float32).t().contiguous()))
+            series.append(v.finite_tensor("read_ts", f"{path}:{line_no}", torch.tensor(values, dtype=torch.float32).t().contiguous()))
         except ValueError as exc:  # ragged channels or a non-number
             raise ValueError(f"{path}:{line_no}: malformed series ({exc})") from None
         labels.append(classes.index(label))
@@ -55,7 +56,7 @@ class JapaneseVowelsDataModule(SequenceDataModule):
 
     def __init__(self, val_fraction: float = 0.15, split_seed: int = 0, batch_size: int = 32, num_workers: int = 0) -> None:
         super().__init__(batch_size, num_workers)
-        self.val_fraction = fraction("JapaneseVowelsDataModule", "val_fraction", val_fraction)
+        self.val_fraction = v.fraction("JapaneseVowelsDataModule", "val_fraction", val_fraction)
         self.split_seed = split_seed
         self.folder = package_data_dir("sktime", "sktime==1.2.0") / "datasets" / "data" / "JapaneseVowels"
         self.task = TaskSpec("classification", 12, 9)
@@ -73,7 +74,7 @@ class JapaneseVowelsDataModule(SequenceDataModule):
         self.val_set = SeriesDataset([train[i] for i in val_idx], train_y[val_idx])
         self.test_set = SeriesDataset(test, test_y)
 
-    def collate(self, samples):
+    def collate(self, samples) -> Batch:
         series, labels = zip(*samples)
         lengths = torch.tensor([len(s) for s in series])
-        return pad_sequence(list(series), batch_first=True), lengths, torch.stack(labels)
+        return Batch(pad_sequence(list(series), batch_first=True), lengths, torch.stack(labels))

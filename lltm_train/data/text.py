@@ -8,14 +8,20 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .base import SequenceDataModule, TaskSpec, fraction, package_data_dir, positive_int
+from .. import validation as v
+from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
 
 
 class TokenWindows(Dataset):
-    """Non-overlapping windows of a token stream: item i is (x, y), each (seq_len,) int64, y = x shifted by one."""
+    """Non-overlapping windows of a token stream: item i is (x, y), each (seq_len,) int64, y = x shifted by one.
+
+    A batch of windows is cut from the stream with one indexing operation (``__getitems__``, which the
+    DataLoader calls with a batch's indices) instead of one Python call per window.
+    """
 
     def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
         self.tokens, self.seq_len = tokens, seq_len
+        self._offsets = torch.arange(seq_len + 1)
 
     def __len__(self) -> int:
         return max(0, (len(self.tokens) - 1) // self.seq_len)
@@ -23,6 +29,10 @@ class TokenWindows(Dataset):
     def __getitem__(self, i: int):
         chunk = self.tokens[i * self.seq_len : (i + 1) * self.seq_len + 1].long()
         return chunk[:-1], chunk[1:]
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        windows = self.tokens[torch.as_tensor(indices)[:, None] * self.seq_len + self._offsets].long()
+        return Batch(windows[:, :-1], None, windows[:, 1:])
 
 
 class TextDataModule(SequenceDataModule):
@@ -48,9 +58,9 @@ class TextDataModule(SequenceDataModule):
                  num_workers: int = 0) -> None:
         super().__init__(batch_size, num_workers)
         owner = type(self).__name__
-        self.seq_len = positive_int(owner, "seq_len", seq_len)
-        self.val_fraction = fraction(owner, "val_fraction", val_fraction)
-        self.test_fraction = fraction(owner, "test_fraction", test_fraction)
+        self.seq_len = v.positive_int(owner, "seq_len", seq_len)
+        self.val_fraction = v.fraction(owner, "val_fraction", val_fraction)
+        self.test_fraction = v.fraction(owner, "test_fraction", test_fraction)
         self.encoding = encoding
         if path is None and type(self) is TextDataModule:
             raise ValueError(f"{owner}: dataset.path is required: the text file to train on")
@@ -95,7 +105,10 @@ class TextDataModule(SequenceDataModule):
         self.train_set = TokenWindows(tokens[:n_train], self.seq_len)
         self.test_set = TokenWindows(tokens[n_train : n_train + n_test], self.seq_len)
         self.val_set = TokenWindows(tokens[n_train + n_test :], self.seq_len)
-        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab))
+        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), encode=self.encode, decode=self.decode)
+
+    def collate(self, samples) -> Batch:
+        return samples if isinstance(samples, Batch) else super().collate(samples)
 
     def encode(self, text: str) -> list[int]:
         index = {ch: i for i, ch in enumerate(self.vocab)}
@@ -105,9 +118,12 @@ class TextDataModule(SequenceDataModule):
         return "".join(self.vocab[i] for i in ids)
 
     def state_dict(self) -> dict:
+        """The vocabulary, which Lightning saves in every checkpoint (and :meth:`load_state_dict` restores)."""
         return {"vocab": self.vocab}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores a checkpoint's vocabulary; ValueError if this text's differs (its ids would mean other
+        characters)."""
         vocab = list(state.get("vocab", []))
         if vocab and self.vocab and vocab != self.vocab:
             raise ValueError(

@@ -5,33 +5,43 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..nn import LLTM
-from ..nn._params import check_probability, check_sizes
+from .. import validation as v
+from .recurrent import recurrent_layer
 
 
 class CharLM(nn.Module):
-    """Embedding -> LLTM -> dropout -> linear head, time-major.
+    """Embedding -> recurrent layers (LLTM, or an nn.LSTM / nn.GRU baseline) -> dropout -> linear head, time-major.
 
     Args:
-        vocab_size: input token ids are in [0, vocab_size). num_classes: output classes per step
-            (defaults to vocab_size, as in language modelling).
-        embedding_dim, hidden_size, num_layers, dropout, backend: the layers' sizes; dropout applies
-            between LLTM layers and before the head.
+        vocab_size: input token ids are in [0, vocab_size).
+        hidden_size, embedding_dim: the widths of the recurrent layers and the embedding.
+        num_layers, dropout: as torch.nn.LSTM; dropout also applies before the head.
+        num_classes: output classes per step (defaults to vocab_size, as in language modelling).
+        cell: ``lltm``, ``lstm`` or ``gru`` (:mod:`lltm_train.models.recurrent`). backend: the LLTM's.
+        bidirectional: must be False: a next-token model cannot read the future.
 
-    forward(tokens (T, B) int64, hx=None) -> (logits (T, B, num_classes), (h_n, c_n)).
+    forward(tokens (T, B) int64, state=None) -> (logits (T, B, num_classes), state).
+
+    Raises:
+        ValueError: bad sizes, dropout or cell, or bidirectional=True.
     """
 
-    def __init__(self, vocab_size: int, embedding_dim: int = 64, hidden_size: int = 256, num_layers: int = 1,
-                 dropout: float = 0.0, num_classes: int | None = None, backend: str = "auto") -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, embedding_dim: int, num_layers: int = 1, dropout: float = 0.0,
+                 num_classes: int | None = None, cell: str = "lltm", backend: str = "auto",
+                 bidirectional: bool = False) -> None:
         super().__init__()
-        check_sizes("CharLM", vocab_size=vocab_size, embedding_dim=embedding_dim)
+        v.positive_int("CharLM", "vocab_size", vocab_size)
+        v.positive_int("CharLM", "embedding_dim", embedding_dim)
+        if v.flag("CharLM", "bidirectional", bidirectional):
+            raise ValueError("model.bidirectional=true cannot be used to predict the next token (it would read the "
+                             "future); use it with a sequence-level data set")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.lltm = LLTM(embedding_dim, hidden_size, num_layers, dropout=dropout if num_layers > 1 else 0.0, backend=backend)
-        self.dropout = nn.Dropout(check_probability("CharLM", "dropout", dropout))
+        self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend)
+        self.dropout = nn.Dropout(v.probability("CharLM", "dropout", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 
-    def forward(self, tokens: Tensor, hx: tuple[Tensor, Tensor] | None = None):
-        output, state = self.lltm(self.embedding(tokens), hx)
+    def forward(self, tokens: Tensor, state=None):
+        output, state = self.rnn(self.embedding(tokens), state)
         return self.head(self.dropout(output)), state
 
     @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Parameter creation and argument checks shared by :class:`LLTMCell` and :class:`LLTM`."""
+"""Parameter creation shared by :class:`LLTMCell` and :class:`LLTM`, and their settable ``backend``."""
 
 from __future__ import annotations
 
@@ -8,25 +8,6 @@ import torch
 from torch import nn
 
 from ..backends import check_backend_name
-
-
-def check_sizes(owner: str, **sizes: int) -> None:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
-
-
-def check_flags(owner: str, **flags: bool) -> None:
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"{owner}: {name} must be True or False, got {value!r}")
-
-
-def check_probability(owner: str, name: str, value) -> float:
-    """A dropout probability in [0, 1] (NaN refused), as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{owner}: {name} must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def make_weights(module: nn.Module, suffix: str, input_size: int, hidden_size: int, bias: bool, factory: dict) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .. import validation as v
 from ..functional import lltm_cell
-from ._params import BackendMixin, check_flags, check_sizes, make_weights, reset_uniform
+from ._params import BackendMixin, make_weights, reset_uniform
 
 
 class LLTMCell(BackendMixin, nn.Module):
@@ -25,8 +26,9 @@ class LLTMCell(BackendMixin, nn.Module):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, backend: str = "auto",
                  device=None, dtype=None) -> None:
         super().__init__()
-        check_sizes("LLTMCell", input_size=input_size, hidden_size=hidden_size)
-        check_flags("LLTMCell", bias=bias)
+        v.positive_int("LLTMCell", "input_size", input_size)
+        v.positive_int("LLTMCell", "hidden_size", hidden_size)
+        v.flag("LLTMCell", "bias", bias)
         self.input_size, self.hidden_size, self.backend = input_size, hidden_size, backend
         make_weights(self, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()

@@ -7,10 +7,11 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from .. import validation as v
 from ..functional import lltm_layer
-from ._params import BackendMixin, check_flags, check_probability, check_sizes, make_weights, reset_uniform
+from ._params import BackendMixin, make_weights, reset_uniform
 
 
 class LLTM(BackendMixin, nn.Module):
@@ -31,7 +32,8 @@ class LLTM(BackendMixin, nn.Module):
             :class:`~torch.nn.utils.rnn.PackedSequence`.
         hx: ``(h_0, c_0)``, each (D * L, B, H) ((D * L, H) unbatched); default zeros.
         Returns ``(output, (h_n, c_n))``: output (T, B, D * H) (or packed), h_n and c_n (D * L, B, H).
-        For packed input, h_n and c_n hold each sequence's state at its own last step.
+        For packed input, h_n and c_n hold each sequence's state at its own last step; each layer and
+        direction is one kernel call over the padded batch, with per-sequence lengths inside the kernel.
 
     Raises:
         ValueError: bad sizes or arguments, an input or state of the wrong shape.
@@ -41,9 +43,11 @@ class LLTM(BackendMixin, nn.Module):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__()
-        check_sizes("LLTM", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
-        check_flags("LLTM", bias=bias, batch_first=batch_first, bidirectional=bidirectional)
-        dropout = check_probability("LLTM", "dropout", dropout)
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            v.positive_int("LLTM", name, value)
+        for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
+            v.flag("LLTM", name, value)
+        dropout = v.probability("LLTM", "dropout", dropout)
         if dropout > 0 and num_layers == 1:
             warnings.warn("LLTM: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
@@ -78,45 +82,44 @@ class LLTM(BackendMixin, nn.Module):
 
     def forward(self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None):
         packed = isinstance(input, PackedSequence)
-        unbatched = False
+        unbatched, lengths = False, None
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_features(data, "packed data (N, input_size)", 2)
             _check_batch_sizes(batch_sizes, data.shape[0])
-            segments = _packed_segments(data, batch_sizes)
-            batch = int(batch_sizes[0])
+            x, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))  # sorted order, time-major
         else:
             self._check_features(input, "(T, B, input_size), (B, T, input_size) if batch_first, or (T, input_size)", 3)
             unbatched = input.dim() == 2
             x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first else input)
-            segments, batch = [x], x.shape[1]
-        h0, c0 = self._initial_state(hx, segments[0], batch, unbatched)
+        h0, c0 = self._initial_state(hx, x, x.shape[1], unbatched)
         if packed and sorted_indices is not None:
             h0, c0 = h0.index_select(1, sorted_indices), c0.index_select(1, sorted_indices)
+        reverse = _reverse_index(lengths, x.shape[0], x.device) if self.bidirectional else None
 
         h_n, c_n = [], []
         for layer in range(self.num_layers):
             directions = []
             for d, suffix in enumerate(self._suffixes(layer)):
                 k = layer * self.num_directions + d
-                outs, h, c = _run_direction(segments, h0[k], c0[k], self._weights(suffix), self.backend, reverse=d == 1)
-                directions.append(outs)
+                x_d = x if d == 0 else _reversed(x, reverse)
+                out, (h, c) = lltm_layer(x_d, (h0[k], c0[k]), *self._weights(suffix), lengths=lengths, backend=self.backend)
+                directions.append(out if d == 0 else _reversed(out, reverse))
                 h_n.append(h)
                 c_n.append(c)
-            segments = [torch.cat(parts, -1) for parts in zip(*directions)] if self.bidirectional else directions[0]
+            x = torch.cat(directions, -1) if self.bidirectional else directions[0]
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
-                segments = [F.dropout(s, self.dropout, training=True) for s in segments]
+                x = F.dropout(x, self.dropout, training=True)
         h_n, c_n = torch.stack(h_n), torch.stack(c_n)
 
         if packed:
-            out = torch.cat([s.reshape(-1, s.shape[-1]) for s in segments])
+            out = pack_padded_sequence(x, lengths).data
             if unsorted_indices is not None:
                 h_n, c_n = h_n.index_select(1, unsorted_indices), c_n.index_select(1, unsorted_indices)
             return PackedSequence(out, batch_sizes, sorted_indices, unsorted_indices), (h_n, c_n)
-        out = segments[0]
         if unbatched:
-            return out.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
-        return (out.transpose(0, 1) if self.batch_first else out), (h_n, c_n)
+            return x.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
+        return (x.transpose(0, 1) if self.batch_first else x), (h_n, c_n)
 
     def _check_features(self, x: Tensor, layout: str, max_dim: int) -> None:
         if not isinstance(x, Tensor) or x.dim() not in (max_dim - 1, max_dim) or x.shape[-1] != self.input_size:
@@ -148,43 +151,18 @@ def _check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
         )
 
 
-def _packed_segments(data: Tensor, batch_sizes: Tensor) -> list[Tensor]:
-    """Views of packed data, one (T_s, b_s, features) block per run of steps with the same batch size.
-
-    Packed rows are time-major with sequences sorted by decreasing length, so every such run is one
-    contiguous block of the data and b_s never grows.
-    """
-    sizes = batch_sizes.tolist()
-    segments, t, row = [], 0, 0
-    while t < len(sizes):
-        end = t
-        while end < len(sizes) and sizes[end] == sizes[t]:
-            end += 1
-        rows = (end - t) * sizes[t]
-        segments.append(data[row : row + rows].view(end - t, sizes[t], data.shape[-1]))
-        t, row = end, row + rows
-    return segments
+def _reverse_index(lengths: Tensor | None, T: int, device) -> Tensor | None:
+    """(T, B) time indices that reverse each sequence within its own length (padding stays in place);
+    None when every sequence has length T (then a flip reverses them)."""
+    if lengths is None:
+        return None
+    t = torch.arange(T)[:, None]
+    index = torch.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    return index.to(device)
 
 
-def _run_direction(segments: list[Tensor], h0: Tensor, c0: Tensor, weights, backend: str, reverse: bool):
-    """One layer, one direction, over segments of non-increasing batch size.
-
-    Forward: sequences that end at a segment boundary keep their state, which is then their final one.
-    Reverse: time runs from the end, and sequences join from their own last step with their h_0, c_0.
-    Returns (per-segment outputs, h_n, c_n) with h_n and c_n over the whole batch.
-    """
-    outs: list[Tensor | None] = [None] * len(segments)
-    order = range(len(segments) - 1, -1, -1) if reverse else range(len(segments))
-    h, c = (h0[:0], c0[:0]) if reverse else (h0, c0)
-    for k in order:
-        x = segments[k]
-        b = x.shape[1]
-        if reverse and b > h.shape[0]:  # sequences starting (from their end) here
-            h, c = torch.cat([h, h0[h.shape[0] : b]]), torch.cat([c, c0[c.shape[0] : b]])
-        out, (hb, cb) = lltm_layer(x.flip(0) if reverse else x, (h[:b], c[:b]), *weights, backend=backend)
-        outs[k] = out.flip(0) if reverse else out
-        if b == h.shape[0]:
-            h, c = hb, cb
-        else:  # forward only: sequences b.. ended before this segment
-            h, c = torch.cat([hb, h[b:]]), torch.cat([cb, c[b:]])
-    return outs, h, c
+def _reversed(x: Tensor, index: Tensor | None) -> Tensor:
+    """x (T, B, F) with each sequence reversed in time (its own inverse)."""
+    if index is None:
+        return x.flip(0)
+    return x.gather(0, index[:, :, None].expand(-1, -1, x.shape[-1]))

@@ -19,11 +19,14 @@ from pathlib import Path
 
 import torch
 
+from ._build import CPP_SOURCES, CUDA_FLAGS, CUDA_SOURCES, CXX_FLAGS
+
 log = logging.getLogger("lltm_train")
 
 _ROOT = Path(__file__).resolve().parents[2]
+
 _CSRC = _ROOT / "csrc"
-_state: dict[str, object] = {"loaded": False, "error": None}
+_status: dict[str, object] = {"loaded": False, "error": None}
 
 
 def _cuda_build_possible() -> bool:
@@ -47,7 +50,7 @@ def _build_just_in_time() -> None:
             "reinstall with `pip install --no-build-isolation .`"
         )
     with_cuda = _cuda_build_possible()
-    sources = [_CSRC / "lltm.cpp", _CSRC / "lltm_cpu.cpp"] + ([_CSRC / "lltm_cuda.cu"] if with_cuda else [])
+    sources = [_CSRC / name for name in (CPP_SOURCES + (CUDA_SOURCES if with_cuda else ()))]
     build_dir = _build_dir(with_cuda)
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / "build.lock", "w") as lock:
@@ -64,8 +67,8 @@ def _build_just_in_time() -> None:
         cpp_extension.load(
             name="lltm_train_C",
             sources=[str(s) for s in sources],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
+            extra_cflags=CXX_FLAGS,
+            extra_cuda_cflags=CUDA_FLAGS,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=os.environ.get("LLTM_VERBOSE_BUILD") == "1",
@@ -74,9 +77,9 @@ def _build_just_in_time() -> None:
 
 def load() -> bool:
     """Registers the ``torch.ops.lltm`` ops; returns False (and keeps the reason) when that fails."""
-    if _state["loaded"]:
+    if _status["loaded"]:
         return True
-    if _state["error"] is not None:
+    if _status["error"] is not None:
         return False
     try:
         try:
@@ -86,12 +89,12 @@ def load() -> bool:
             _put_ninja_on_path()
             _build_just_in_time()
     except Exception as exc:  # noqa: BLE001 - any build failure makes the backend unavailable
-        _state["error"] = f"{type(exc).__name__}: {exc}"
+        _status["error"] = f"{type(exc).__name__}: {exc}"
         return False
     from . import _registrations
 
     _registrations.register()
-    _state["loaded"] = True
+    _status["loaded"] = True
     return True
 
 
@@ -107,7 +110,7 @@ def _put_ninja_on_path() -> None:
 
 def load_error() -> str | None:
     """Why :func:`load` failed, or None."""
-    return _state["error"]  # type: ignore[return-value]
+    return _status["error"]  # type: ignore[return-value]
 
 
 def has_cuda_kernels() -> bool:

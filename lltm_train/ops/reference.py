@@ -17,30 +17,25 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _pointwise(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    i, o, z = gates.chunk(3, dim=1)
-    c_new = c + torch.sigmoid(i) * F.elu(z)
-    return torch.tanh(c_new) * torch.sigmoid(o), c_new
+def layer_forward(input: Tensor, h: Tensor, c: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor | None,
+                  lengths: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """A whole sequence, as ``torch.ops.lltm.layer_forward`` computes it.
 
-
-def lltm_cell(
-    input: Tensor, h: Tensor, c: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """One step: input (B, I), h and c (B, H) -> (h_1, c_1), each (B, H)."""
-    gates = torch.addmm(F.linear(input, weight_ih, bias), h, weight_hh.t())
-    return _pointwise(gates, c)
-
-
-def lltm_layer(
-    input: Tensor, h: Tensor, c: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """A whole sequence: input (T, B, I) -> (output (T, B, H), h_n (B, H), c_n (B, H)).
-
-    The input projection of all T steps is one GEMM, hoisted out of the time loop.
+    input (T, B, I); h, c (B, H); lengths (B,) int64 or None (every row runs all T steps; otherwise row b
+    stops after lengths[b] steps: its state stays and its later outputs are zero). Returns
+    (output (T, B, H), h_n (B, H), c_n (B, H)). The input projection of all T steps is one GEMM.
     """
     projected = F.linear(input, weight_ih, bias)
     outputs = []
     for t in range(input.shape[0]):
-        h, c = _pointwise(torch.addmm(projected[t], h, weight_hh.t()), c)
-        outputs.append(h)
+        i, o, z = torch.addmm(projected[t], h, weight_hh.t()).chunk(3, dim=1)
+        c_new = c + torch.sigmoid(i) * F.elu(z)
+        h_new = torch.tanh(c_new) * torch.sigmoid(o)
+        if lengths is None:
+            h, c = h_new, c_new
+            outputs.append(h)
+        else:
+            running = (t < lengths).to(input.device)[:, None]
+            h, c = torch.where(running, h_new, h), torch.where(running, c_new, c)
+            outputs.append(torch.where(running, h_new, torch.zeros_like(h_new)))
     return torch.stack(outputs), h, c

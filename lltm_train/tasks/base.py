@@ -1,16 +1,19 @@
-"""What the LightningModules share: optimiser and schedule, loss logging, gradient norm, divergence check."""
+"""What the LightningModules share: optimiser and schedule, loss logging, clipping with the gradient norm,
+a divergence check, and a lean step (no host synchronisation on steps that log nothing)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 
+from ..data.base import Batch
 
-class LLTMTask(L.LightningModule):
+
+class LLTMTask(L.LightningModule, ABC):
     """Base LightningModule: subclasses build ``self.net`` and implement :meth:`step`.
 
     Args:
@@ -20,7 +23,11 @@ class LLTMTask(L.LightningModule):
             stepped every optimiser step.
         compile: compile the network with ``torch.compile`` (``nn.Module.compile``; state dict keys unchanged).
         baseline_loss: validation loss of a trivial predictor, logged as ``val/baseline_loss``.
+
+    ``kinds`` names the :class:`~lltm_train.data.TaskSpec` kinds a task trains on.
     """
+
+    kinds: tuple[str, ...] = ()
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
                  baseline_loss: float | None = None) -> None:
@@ -31,31 +38,50 @@ class LLTMTask(L.LightningModule):
         self.baseline_loss = baseline_loss
         self.last_validated_step = -1
         self.net: nn.Module
+        self._nonfinite: Tensor | None = None  # on the device: set when a training loss was not finite
 
     def setup(self, stage: str) -> None:
         if self.compile_net and not getattr(self, "_compiled", False):
             self.net.compile()
             self._compiled = True
 
-    def step(self, batch, stage: str) -> Tensor:
+    @abstractmethod
+    def step(self, batch: Batch, stage: str) -> Tensor:
         """Computes the loss of a batch, updates the stage's metrics, returns the loss."""
-        raise NotImplementedError
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
+    def num_parameters(self) -> int:
+        """Trainable parameters of the network (logged to TensorBoard's hparams)."""
+        return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        # lengths stay on the CPU, where packing and the kernels read them: no copy back, no sync
+        if isinstance(batch, Batch) and batch.lengths is not None:
+            moved = super().transfer_batch_to_device(batch._replace(lengths=None), device, dataloader_idx)
+            return moved._replace(lengths=batch.lengths)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def _logs_this_step(self) -> bool:
+        return (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self.step(batch, "train")
-        if not torch.isfinite(loss):
+        # A non-finite loss is recorded on the device and reported at the next logging step: checking it
+        # here would stall the GPU queue on every step.
+        bad = ~torch.isfinite(loss.detach())
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        if self._logs_this_step() and bool(self._nonfinite):
             raise FloatingPointError(
-                f"the training loss became {loss.item()} at step {self.global_step}; lower model.optimizer.lr or set "
+                f"the training loss became non-finite by step {self.global_step}; lower model.optimizer.lr or set "
                 "trainer.gradient_clip_val (the last checkpoint is kept; resume with ckpt_path=last)"
             )
-        self.log("train/loss", loss, prog_bar=True, batch_size=self.count(batch)[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0])
         return loss
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self.log("val/loss", self.step(batch, "val"), prog_bar=True, batch_size=self.count(batch)[0])
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self.log("val/loss", self.step(batch, "val"), prog_bar=True, batch_size=batch.x.shape[0])
 
-    def test_step(self, batch, batch_idx: int) -> None:
-        self.log("test/loss", self.step(batch, "test"), batch_size=self.count(batch)[0])
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self.log("test/loss", self.step(batch, "test"), batch_size=batch.x.shape[0])
 
     def on_validation_epoch_end(self) -> None:
         if self.baseline_loss is not None:
@@ -63,17 +89,24 @@ class LLTMTask(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.global_step
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # before clipping: the norm the optimiser would have seen without it
-        self.log("train/grad_norm", grad_norm(self.net, norm_type=2)["grad_2.0_norm_total"])
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # One pass over the gradients gives the norm to clip by and the norm to log (before clipping).
+        params = [p for p in self.net.parameters() if p.grad is not None]
+        logs = self._logs_this_step()
+        if gradient_clip_val and (gradient_clip_algorithm or "norm") == "norm":
+            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True) if logs else None
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if logs:
+            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
     @staticmethod
-    def count(batch) -> tuple[int, int]:
-        """(sequences, time steps) in a batch; padded steps of (x, lengths, y) batches are not counted."""
-        x = batch[0]
-        if len(batch) == 3:
-            return x.shape[0], int(batch[1].sum())
-        return x.shape[0], x.shape[0] * x.shape[1]
+    def count(batch: Batch) -> tuple[int, int]:
+        """(sequences, time steps) in a batch; padded steps are not counted."""
+        if batch.lengths is not None:
+            return batch.x.shape[0], int(batch.lengths.sum())  # lengths are on the CPU
+        return batch.x.shape[0], batch.x.shape[0] * batch.x.shape[1]
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())

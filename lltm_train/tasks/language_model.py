@@ -11,6 +11,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from .. import validation as v
+from ..data.base import Batch
 from ..models import CharLM
 from .base import LLTMTask
 
@@ -18,32 +20,39 @@ from .base import LLTMTask
 class LanguageModelTask(LLTMTask):
     """Trains :class:`~lltm_train.models.CharLM` on (x, y) batches of token ids, each (B, T).
 
+    Args:
+        input_size: the vocabulary size (from the data set). output_size: classes per step.
+        embedding_dim, hidden_size, num_layers, dropout, bidirectional, cell, backend: the network's
+            (:class:`~lltm_train.models.CharLM`); their defaults live in ``conf/model/char_lm.yaml``.
+        sample_length: characters generated after each validation (0: none); sample_temperature: their
+            softmax temperature (> 0).
+        **kwargs: :class:`LLTMTask`'s.
+
     Logs ``{train,val,test}/loss`` (cross-entropy per token, nats), ``val/perplexity`` (exp of the loss),
     ``val/bpc`` (bits per token, loss / ln 2: bits per character on text) and ``val/acc`` (next-token
-    accuracy). After each validation, when the data module can decode (text data sets), prints and logs
-    (TensorBoard text ``sample``) ``sample_length`` generated characters.
+    accuracy). After each validation, when the data set can decode (its TaskSpec has ``decode``), prints
+    and logs (TensorBoard text ``sample``) a generated sample.
     """
 
-    def __init__(self, vocab_size: int, num_classes: int | None = None, embedding_dim: int = 64, hidden_size: int = 256,
-                 num_layers: int = 1, dropout: float = 0.0, backend: str = "auto", sample_length: int = 200,
-                 sample_temperature: float = 0.8, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if isinstance(sample_length, bool) or not isinstance(sample_length, int) or not 0 <= sample_length <= 100_000:
-            raise ValueError(f"LanguageModelTask: sample_length must be an integer in [0, 100000], got {sample_length!r}")
-        if not (isinstance(sample_temperature, (int, float)) and 0 < sample_temperature < float("inf")):
-            raise ValueError(f"LanguageModelTask: sample_temperature must be a positive number, got {sample_temperature!r}")
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
-        self.net = CharLM(vocab_size, embedding_dim, hidden_size, num_layers, dropout, num_classes, backend)
-        classes = num_classes or vocab_size
-        self.metrics = torch.nn.ModuleDict(
-            {s: torch.nn.ModuleDict({"nll": MeanMetric(), "acc": MulticlassAccuracy(classes, average="micro")}) for s in ("val", "test")}
-        )
-        self.sample_length, self.sample_temperature = sample_length, sample_temperature
+    kinds = ("tokens",)
 
-    def step(self, batch, stage: str) -> Tensor:
-        x, y = batch
-        logits, _ = self.net(x.t())  # time-major inside the network
-        target = y.t().reshape(-1)
+    def __init__(self, input_size: int, output_size: int, *, embedding_dim: int, hidden_size: int, num_layers: int,
+                 dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,
+                 sample_temperature: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sample_length = v.non_negative_int("LanguageModelTask", "sample_length", sample_length, 100_000)
+        self.sample_temperature = v.positive_finite("LanguageModelTask", "sample_temperature", sample_temperature)
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
+        self.net = CharLM(input_size, hidden_size, embedding_dim, num_layers, dropout, output_size, cell, backend,
+                          bidirectional)
+        self.metrics = torch.nn.ModuleDict(
+            {s: torch.nn.ModuleDict({"nll": MeanMetric(), "acc": MulticlassAccuracy(output_size, average="micro")})
+             for s in ("val", "test")}
+        )
+
+    def step(self, batch: Batch, stage: str) -> Tensor:
+        logits, _ = self.net(batch.x.t())  # time-major inside the network
+        target = batch.y.t().reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1])
         loss = F.cross_entropy(logits.float(), target)
         if stage in self.metrics:
@@ -68,12 +77,12 @@ class LanguageModelTask(LLTMTask):
         self._log_epoch("test")
 
     def _sample(self) -> None:
-        data = getattr(self.trainer, "datamodule", None)
-        if self.sample_length <= 0 or not hasattr(data, "decode"):
+        spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
+        if self.sample_length <= 0 or spec is None or spec.decode is None:
             return
-        prompt = data.encode("\n") or [0]
+        prompt = spec.encode("\n") or [0]
         generator = torch.Generator().manual_seed(self.global_step)
-        text = data.decode(self.net.generate(prompt, self.sample_length, self.sample_temperature, generator))
+        text = spec.decode(self.net.generate(prompt, self.sample_length, self.sample_temperature, generator))
         self.print(f"\n--- sample at step {self.global_step} ---\n{text}\n---")
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -8,59 +8,68 @@ from torch import Tensor
 from torchmetrics import MeanAbsoluteError
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..data.base import Batch
 from ..models import SequenceClassifier, SequenceRegressor
 from .base import LLTMTask
-
-
-def _unpack(batch):
-    return batch if len(batch) == 3 else (batch[0], None, batch[1])
 
 
 class ClassificationTask(LLTMTask):
     """Trains :class:`~lltm_train.models.SequenceClassifier` on (x, y) or (x, lengths, y) batches.
 
+    Args:
+        input_size: features per step; output_size: classes (both from the data set).
+        hidden_size, num_layers, dropout, bidirectional, cell, backend: the network's; their defaults live
+            in ``conf/model/classifier.yaml``.
+        **kwargs: :class:`LLTMTask`'s.
+
     Logs ``{train,val,test}/loss`` (cross-entropy, nats) and ``{val,test}/acc``.
     """
 
-    def __init__(self, input_size: int, num_classes: int, hidden_size: int = 128, num_layers: int = 1, dropout: float = 0.0,
-                 bidirectional: bool = False, backend: str = "auto", **kwargs) -> None:
+    kinds = ("classification",)
+
+    def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
+                 bidirectional: bool, cell: str, backend: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
-        self.net = SequenceClassifier(input_size, num_classes, hidden_size=hidden_size, num_layers=num_layers,
-                                      dropout=dropout, bidirectional=bidirectional, backend=backend)
-        self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(num_classes, average="micro") for s in ("val", "test")})
+        self.net = SequenceClassifier(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
+                                      bidirectional=bidirectional, cell=cell, backend=backend)
+        self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(output_size, average="micro") for s in ("val", "test")})
 
-    def step(self, batch, stage: str) -> Tensor:
-        x, lengths, y = _unpack(batch)
-        logits = self.net(x, lengths).float()
+    def step(self, batch: Batch, stage: str) -> Tensor:
+        logits = self.net(batch.x, batch.lengths).float()
         if stage in self.acc:
-            self.acc[stage].update(logits.detach(), y)
+            self.acc[stage].update(logits.detach(), batch.y)
             self.log(f"{stage}/acc", self.acc[stage], prog_bar=stage == "val")
-        return F.cross_entropy(logits, y)
+        return F.cross_entropy(logits, batch.y)
 
 
 class RegressionTask(LLTMTask):
     """Trains :class:`~lltm_train.models.SequenceRegressor` on (x, y) batches, y (B, output_size).
 
-    Logs ``{train,val,test}/loss`` (mean squared error in the data's units) and ``{val,test}/mae``; with a
-    data module that has a ``scale`` (units per standardised unit, e.g. CO2 ppm) also ``{val,test}/mae_units``.
+    Args: as :class:`ClassificationTask` (output_size: targets per sequence; defaults in
+    ``conf/model/regressor.yaml``).
+
+    Logs ``{train,val,test}/loss`` (mean squared error in the data's units) and ``{val,test}/mae``; when the
+    data set's TaskSpec has a ``scale`` other than 1 (units per standardised unit, e.g. CO2 ppm) also
+    ``{val,test}/mae_units``.
     """
 
-    def __init__(self, input_size: int, output_size: int, hidden_size: int = 128, num_layers: int = 1, dropout: float = 0.0,
-                 bidirectional: bool = False, backend: str = "auto", **kwargs) -> None:
+    kinds = ("regression",)
+
+    def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
+                 bidirectional: bool, cell: str, backend: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
-        self.net = SequenceRegressor(input_size, output_size, hidden_size=hidden_size, num_layers=num_layers,
-                                     dropout=dropout, bidirectional=bidirectional, backend=backend)
+        self.net = SequenceRegressor(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
+                                     bidirectional=bidirectional, cell=cell, backend=backend)
         self.mae = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})
 
-    def step(self, batch, stage: str) -> Tensor:
-        x, lengths, y = _unpack(batch)
-        pred = self.net(x, lengths).float()
+    def step(self, batch: Batch, stage: str) -> Tensor:
+        pred = self.net(batch.x, batch.lengths).float()
         if stage in self.mae:
-            self.mae[stage].update(pred.detach(), y)
+            self.mae[stage].update(pred.detach(), batch.y)
             self.log(f"{stage}/mae", self.mae[stage])
-            scale = getattr(getattr(self.trainer, "datamodule", None), "scale", None)
-            if scale is not None and scale != 1.0:
-                self.log(f"{stage}/mae_units", (pred.detach() - y).abs().mean() * scale)
-        return F.mse_loss(pred, y)
+            spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
+            if spec is not None and spec.scale != 1.0:
+                self.log(f"{stage}/mae_units", (pred.detach() - batch.y).abs().mean() * spec.scale)
+        return F.mse_loss(pred, batch.y)

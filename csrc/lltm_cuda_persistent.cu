@@ -1,0 +1,644 @@
+// Persistent LLTM recurrence: one launch runs all T steps, forward or backward, with W_hh on chip.
+//
+// Batch rows never interact, so each thread-block cluster owns 8 batch rows (the N of one tensor-core
+// product) and splits the H hidden units over its C blocks. Block r keeps, in registers, the slice of
+// W_hh that its U = H / C units need, and the cell state of its (unit, row) pairs stays in registers for
+// the whole sequence. Per step the blocks exchange only h (forward) or the partial dL/dh (backward)
+// through distributed shared memory, with one cluster barrier; nothing goes through global memory
+// except the inputs and outputs each step must read and write anyway. (Design and measurements:
+// BENCHMARKS.md; the layout follows the Persistent RNN idea of Diamos et al., 2016, with the grid-wide
+// barrier replaced by a cluster barrier, available from compute capability 9.0.)
+//
+// Forward step, block r, 8 rows: gates_own^T (3U x 8) = W_own (3U x H) . h_{t-1}^T (H x 8) on tensor
+// cores (the K dimension split over warps, partial sums reduced in shared memory), plus the x-projection
+// of the step; then the pointwise math (lltm_math.h), the outputs, and h_t pushed to every block.
+// Backward step: pointwise backward of the block's own units, then the partial
+// dL/dh_{t-1} (H x 8) = W_own^T (H x 3U) . dgates_own^T (3U x 8), scattered to the owners of the units,
+// which add the C partial sums in a fixed order (deterministic).
+// float32 products run in TF32 when allowed (allow_tf32) and otherwise in 3xTF32, which carries about
+// float32's precision (the operands are split in a TF32 high part and a TF32 remainder).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cooperative_groups.h>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "lltm_cuda.h"
+#include "lltm_math.h"
+
+namespace lltm {
+namespace cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kRows = 8;  // batch rows per cluster: the N of mma.m16n8k*
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void mma_16bit(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
+// exchanged vectors, stored in shared memory as [n][k] rows (`smem_t`). Fragment layouts are those of
+// the PTX ISA for mma.m16n8k8 (tf32) and mma.m16n8k16 (bf16, f16).
+template <typename scalar_t, bool kPrecise>
+struct Operand;
+
+template <bool kPrecise>
+struct Operand<float, kPrecise> {
+  static constexpr int KS = 8;
+  static constexpr int kParts = kPrecise ? 2 : 1;  // 3xTF32: high part and remainder
+  using smem_t = float;
+  struct A {
+    uint32_t r[kParts][4];
+  };
+  struct B {
+    uint32_t r[kParts][2];
+  };
+  static __device__ __forceinline__ void split(float x, uint32_t* parts) {
+    parts[0] = to_tf32(x);
+    if constexpr (kPrecise) parts[1] = to_tf32(x - __uint_as_float(parts[0]));
+  }
+  template <typename F>
+  static __device__ __forceinline__ A load_a(F at, int gid, int tig) {
+    const float v[4] = {float(at(gid, tig)), float(at(gid + 8, tig)), float(at(gid, tig + 4)),
+                        float(at(gid + 8, tig + 4))};
+    A a;
+    for (int i = 0; i < 4; ++i) {
+      uint32_t parts[2];
+      split(v[i], parts);
+      for (int p = 0; p < kParts; ++p) a.r[p][i] = parts[p];
+    }
+    return a;
+  }
+  static __device__ __forceinline__ B load_b(const float* s, int stride, int k0, int gid, int tig) {
+    const float v[2] = {s[gid * stride + k0 + tig], s[gid * stride + k0 + tig + 4]};
+    B b;
+    for (int i = 0; i < 2; ++i) {
+      uint32_t parts[2];
+      split(v[i], parts);
+      for (int p = 0; p < kParts; ++p) b.r[p][i] = parts[p];
+    }
+    return b;
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const A& a, const B& b) {
+    if constexpr (kPrecise) {  // small products first
+      mma_tf32(d, a.r[1], b.r[0]);
+      mma_tf32(d, a.r[0], b.r[1]);
+    }
+    mma_tf32(d, a.r[0], b.r[0]);
+  }
+  static __device__ __forceinline__ float to_smem(float x) { return x; }
+};
+
+template <typename scalar_t>
+struct Operand16 {
+  static constexpr int KS = 16;
+  using smem_t = scalar_t;
+  struct A {
+    uint32_t r[4];
+  };
+  struct B {
+    uint32_t r[2];
+  };
+  static __device__ __forceinline__ uint32_t pack(scalar_t lo, scalar_t hi) {
+    return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+  }
+  template <typename F>
+  static __device__ __forceinline__ A load_a(F at, int gid, int tig) {
+    A a;
+    a.r[0] = pack(at(gid, 2 * tig), at(gid, 2 * tig + 1));
+    a.r[1] = pack(at(gid + 8, 2 * tig), at(gid + 8, 2 * tig + 1));
+    a.r[2] = pack(at(gid, 2 * tig + 8), at(gid, 2 * tig + 9));
+    a.r[3] = pack(at(gid + 8, 2 * tig + 8), at(gid + 8, 2 * tig + 9));
+    return a;
+  }
+  static __device__ __forceinline__ B load_b(const scalar_t* s, int stride, int k0, int gid, int tig) {
+    B b;
+    b.r[0] = *reinterpret_cast<const uint32_t*>(s + gid * stride + k0 + 2 * tig);
+    b.r[1] = *reinterpret_cast<const uint32_t*>(s + gid * stride + k0 + 2 * tig + 8);
+    return b;
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const A& a, const B& b) { mma_16bit<scalar_t>(d, a.r, b.r); }
+  static __device__ __forceinline__ scalar_t to_smem(float x) { return scalar_t(x); }
+};
+
+template <bool kPrecise>
+struct Operand<c10::BFloat16, kPrecise> : Operand16<c10::BFloat16> {};
+template <bool kPrecise>
+struct Operand<c10::Half, kPrecise> : Operand16<c10::Half> {};
+
+// Blocks per cluster for a hidden size: 16 or 32 units per block.
+constexpr int cluster_size(int H) { return H <= 128 ? 4 : 8; }
+
+// Padded row stride of an [8][n] shared tile so that the B-fragment loads of a warp hit 32 banks:
+// the stride in 32-bit words must be 4 mod 8.
+template <typename smem_t>
+constexpr int padded(int n) {
+  return sizeof(smem_t) == 4 ? n + 4 : n + 8;
+}
+
+template <typename scalar_t, int H, bool kPrecise>
+struct ForwardConfig {
+  using Op = Operand<scalar_t, kPrecise>;
+  static constexpr int C = cluster_size(H);
+  static constexpr int U = H / C;            // units per block
+  static constexpr int G = U / 16;           // 16-unit groups (one m16 tile per gate)
+  static constexpr int NK = H / Op::KS;      // k-steps of the product
+  static constexpr int kWarpTarget = H >= 256 ? 16 : 8;
+  static constexpr int S = kWarpTarget / G < NK ? kWarpTarget / G : NK;  // K split over warps
+  static constexpr int WARPS = G * S;
+  static constexpr int NT = WARPS * 32;
+  static constexpr int NKW = NK / S;         // k-steps per warp
+  static constexpr int HS = padded<typename Op::smem_t>(H);
+  static constexpr int RS = U + 4;           // partial-sum rows: conflict-free stores from fragments
+  static constexpr int PAIRS = U * kRows;
+  static constexpr int NP = (PAIRS + NT - 1) / NT;
+  static_assert(H % (16 * C) == 0 && NK % S == 0, "unsupported hidden size");
+};
+
+template <typename scalar_t, int H, bool kPrecise>
+struct BackwardConfig {
+  using Op = Operand<scalar_t, kPrecise>;
+  static constexpr int C = cluster_size(H);
+  static constexpr int U = H / C;
+  static constexpr int WARPS = H / 16;       // one m16 tile of dL/dh per warp
+  static constexpr int NT = WARPS * 32;
+  static constexpr int K3 = 3 * U;           // the block's own gate rows: the K of the product
+  static constexpr int NKB = K3 / Op::KS;
+  static constexpr int DS = padded<typename Op::smem_t>(K3);
+  static constexpr int RS = U + 4;
+  static constexpr int PAIRS = U * kRows;
+  static constexpr int NP = (PAIRS + NT - 1) / NT;
+  static_assert(K3 % Op::KS == 0, "unsupported hidden size");
+};
+
+template <typename scalar_t>
+struct ForwardParams {
+  scalar_t* gates;  // (T, B, 3H): x-projection in, activations out
+  scalar_t* output;
+  scalar_t* cells;
+  scalar_t* h_n;
+  scalar_t* c_n;
+  const scalar_t* h0;
+  const scalar_t* c0;
+  const scalar_t* w_hh;
+  const int64_t* lengths;  // (B,) or null
+  int T;
+  int64_t B;
+};
+
+template <typename scalar_t>
+struct BackwardParams {
+  const scalar_t* act;  // (T, B, 3H): activations
+  scalar_t* dgates;     // (T, B, 3H): gate gradients out
+  const scalar_t* cells;
+  const scalar_t* grad_output;  // each of these three may be null (zeros)
+  const scalar_t* grad_h_n;
+  const scalar_t* grad_c_n;
+  const scalar_t* w_hh;
+  const int64_t* lengths;
+  scalar_t* grad_h0;
+  scalar_t* grad_c0;
+  int T;
+  int64_t B;
+};
+
+template <typename scalar_t, int H, bool kPrecise>
+__global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
+    forward_kernel(const ForwardParams<scalar_t> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // thread-block clusters need compute capability 9.0; persistent_supports() says so first
+#else
+  using Cfg = ForwardConfig<scalar_t, H, kPrecise>;
+  using Op = typename Cfg::Op;
+  using smem_t = typename Op::smem_t;
+  constexpr int C = Cfg::C, U = Cfg::U, G = Cfg::G, S = Cfg::S, NKW = Cfg::NKW, HS = Cfg::HS, RS = Cfg::RS;
+  constexpr int NT = Cfg::NT, NP = Cfg::NP, KS = Op::KS;
+  __shared__ __align__(16) smem_t hbuf[2][kRows][HS];  // h_{t-1} of the cluster's rows, double-buffered
+  __shared__ float red[S][3][kRows][RS];               // partial gate sums of the K split
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t b_base = static_cast<int64_t>(blockIdx.x / C) * kRows;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int ug = warp % G, ks = warp / G;
+  const int T = p.T;
+  const int64_t B = p.B;
+
+  typename Op::A wf[3][NKW];
+#pragma unroll
+  for (int q = 0; q < 3; ++q) {
+#pragma unroll
+    for (int kk = 0; kk < NKW; ++kk) {
+      const scalar_t* w = p.w_hh + static_cast<int64_t>(q * H + rank * U + ug * 16) * H + (ks * NKW + kk) * KS;
+      wf[q][kk] = Op::load_a([&](int m, int k) { return w[m * H + k]; }, gid, tig);
+    }
+  }
+  for (int idx = tid; idx < kRows * H; idx += NT) {
+    const int n = idx / H, k = idx % H;
+    const int64_t b = b_base + n;
+    hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * H + k])) : Op::to_smem(0.f);
+  }
+  float c[NP], h[NP], x[NP][3];
+  int len[NP];
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    const int pair = tid + j * NT, u = pair % U, n = pair / U;
+    const int64_t b = b_base + n;
+    const bool valid = pair < Cfg::PAIRS && b < B;
+    c[j] = valid ? float(p.c0[b * H + rank * U + u]) : 0.f;
+    h[j] = valid ? float(p.h0[b * H + rank * U + u]) : 0.f;
+    len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
+  }
+  smem_t* hremote[C];
+#pragma unroll
+  for (int rr = 0; rr < C; ++rr) hremote[rr] = cluster.map_shared_rank(&hbuf[0][0][0], rr);
+
+  auto load_x = [&](int t) {
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      const int pair = tid + j * NT, u = pair % U;
+      const int64_t b = b_base + pair / U;
+      if (t < len[j]) {
+        const scalar_t* g = p.gates + (static_cast<int64_t>(t) * B + b) * 3 * H + rank * U + u;
+        x[j][0] = float(g[0]);
+        x[j][1] = float(g[H]);
+        x[j][2] = float(g[2 * H]);
+      }
+    }
+  };
+  load_x(0);
+  cluster.sync();  // every block has started and filled its h buffer before any remote write
+
+  for (int t = 0; t < T; ++t) {
+    const int cur = t & 1;
+    float acc[3][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < NKW; ++kk) {
+      const typename Op::B bf = Op::load_b(&hbuf[cur][0][0], HS, (ks * NKW + kk) * KS, gid, tig);
+#pragma unroll
+      for (int q = 0; q < 3; ++q) Op::mma(acc[q], wf[q][kk], bf);
+    }
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {  // fragment (row m = unit, column n = batch row)
+      float* r = &red[ks][q][0][0];
+      const int u0 = ug * 16 + gid;
+      r[(2 * tig) * RS + u0] = acc[q][0];
+      r[(2 * tig + 1) * RS + u0] = acc[q][1];
+      r[(2 * tig) * RS + u0 + 8] = acc[q][2];
+      r[(2 * tig + 1) * RS + u0 + 8] = acc[q][3];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      const int pair = tid + j * NT, u = pair % U, n = pair / U;
+      if (pair >= Cfg::PAIRS) continue;
+      const int64_t b = b_base + n;
+      if (b < B) {
+        const int64_t row = static_cast<int64_t>(t) * B + b;
+        const int64_t k = row * H + rank * U + u;
+        if (t < len[j]) {
+          float g3[3];
+#pragma unroll
+          for (int q = 0; q < 3; ++q) {
+            float s = x[j][q];
+#pragma unroll
+            for (int s2 = 0; s2 < S; ++s2) s += red[s2][q][n][u];
+            g3[q] = s;
+          }
+          float i, o, z, cn, hn;
+          math::forward<float, DeviceMath>(g3[0], g3[1], g3[2], c[j], i, o, z, cn, hn);
+          scalar_t* g = p.gates + row * 3 * H + rank * U + u;
+          g[0] = scalar_t(i);
+          g[H] = scalar_t(o);
+          g[2 * H] = scalar_t(z);
+          p.cells[k] = scalar_t(cn);
+          p.output[k] = scalar_t(hn);
+          c[j] = cn;
+          h[j] = hn;
+        } else {  // a finished row keeps its state and outputs zeros
+          p.cells[k] = scalar_t(c[j]);
+          p.output[k] = scalar_t(0.f);
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < C; ++rr) hremote[rr][((cur ^ 1) * kRows + n) * HS + rank * U + u] = Op::to_smem(h[j]);
+    }
+    cluster_arrive();  // h_t is in every block; global stores and the next prefetch overlap the barrier
+    if (t + 1 < T) load_x(t + 1);
+    cluster_wait();
+  }
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    const int pair = tid + j * NT, u = pair % U;
+    const int64_t b = b_base + pair / U;
+    if (pair < Cfg::PAIRS && b < B) {
+      p.h_n[b * H + rank * U + u] = scalar_t(h[j]);
+      p.c_n[b * H + rank * U + u] = scalar_t(c[j]);
+    }
+  }
+#endif
+}
+
+template <typename scalar_t, int H, bool kPrecise>
+__global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
+    backward_kernel(const BackwardParams<scalar_t> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();
+#else
+  using Cfg = BackwardConfig<scalar_t, H, kPrecise>;
+  using Op = typename Cfg::Op;
+  using smem_t = typename Op::smem_t;
+  constexpr int C = Cfg::C, U = Cfg::U, NKB = Cfg::NKB, DS = Cfg::DS, RS = Cfg::RS, NT = Cfg::NT;
+  constexpr int NP = Cfg::NP, KS = Op::KS;
+  __shared__ __align__(16) smem_t dgbuf[kRows][DS];         // this block's gate gradients, [row][gate row]
+  __shared__ float slots[2][C][kRows][RS];                  // partial dL/dh of our units, from each block
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t b_base = static_cast<int64_t>(blockIdx.x / C) * kRows;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int T = p.T;
+  const int64_t B = p.B;
+
+  // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are (i, o, z) x U units.
+  typename Op::A wf[NKB];
+#pragma unroll
+  for (int kk = 0; kk < NKB; ++kk) {
+    wf[kk] = Op::load_a(
+        [&](int m, int k) {
+          const int kg = kk * KS + k;
+          return p.w_hh[static_cast<int64_t>((kg / U) * H + rank * U + kg % U) * H + warp * 16 + m];
+        },
+        gid, tig);
+  }
+  for (int idx = tid; idx < 2 * C * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
+  float dc[NP], carry[NP], a3[NP][3], cc[NP], go[NP];
+  int len[NP];
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    const int pair = tid + j * NT, u = pair % U;
+    const int64_t b = b_base + pair / U;
+    const bool valid = pair < Cfg::PAIRS && b < B;
+    const int64_t k = b * H + rank * U + u;
+    dc[j] = valid && p.grad_c_n ? float(p.grad_c_n[k]) : 0.f;
+    carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
+    len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
+  }
+  // This warp's 16 rows of dL/dh (units warp*16 ...) belong to one block: 16 divides U.
+  float* const owner_slots = cluster.map_shared_rank(&slots[0][0][0][0], warp * 16 / U);
+
+  auto load = [&](int t) {
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      const int pair = tid + j * NT, u = pair % U;
+      const int64_t b = b_base + pair / U;
+      if (t < len[j]) {
+        const int64_t row = static_cast<int64_t>(t) * B + b;
+        const scalar_t* a = p.act + row * 3 * H + rank * U + u;
+        a3[j][0] = float(a[0]);
+        a3[j][1] = float(a[H]);
+        a3[j][2] = float(a[2 * H]);
+        cc[j] = float(p.cells[row * H + rank * U + u]);
+        go[j] = p.grad_output ? float(p.grad_output[row * H + rank * U + u]) : 0.f;
+      }
+    }
+  };
+  load(T - 1);
+  cluster.sync();
+
+  for (int it = 0; it < T; ++it) {
+    const int t = T - 1 - it, cur = it & 1;
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      const int pair = tid + j * NT, u = pair % U, n = pair / U;
+      if (pair >= Cfg::PAIRS) continue;
+      const int64_t b = b_base + n;
+      float d3[3] = {0.f, 0.f, 0.f};
+      if (b < B) {
+        float dh = carry[j];
+#pragma unroll
+        for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
+        if (t < len[j]) {
+          math::backward<float, DeviceMath>(dh + go[j], dc[j], a3[j][0], a3[j][1], a3[j][2], cc[j], d3[0], d3[1],
+                                            d3[2]);
+          carry[j] = 0.f;
+        } else {  // finished row: h_t = h_{t-1}, so dL/dh passes on and the gates get nothing
+          carry[j] = dh;
+        }
+        scalar_t* dg = p.dgates + (static_cast<int64_t>(t) * B + b) * 3 * H + rank * U + u;
+        dg[0] = scalar_t(d3[0]);
+        dg[H] = scalar_t(d3[1]);
+        dg[2 * H] = scalar_t(d3[2]);
+      }
+#pragma unroll
+      for (int q = 0; q < 3; ++q) dgbuf[n][q * U + u] = Op::to_smem(d3[q]);
+    }
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[0][0], DS, kk * KS, gid, tig));
+    {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
+      float* d = owner_slots + (((cur ^ 1) * C + rank) * kRows) * RS + (warp * 16) % U + gid;
+      d[(2 * tig) * RS] = acc[0];
+      d[(2 * tig + 1) * RS] = acc[1];
+      d[(2 * tig) * RS + 8] = acc[2];
+      d[(2 * tig + 1) * RS + 8] = acc[3];
+    }
+    cluster_arrive();
+    if (t > 0) load(t - 1);
+    cluster_wait();
+  }
+  const int last = T & 1;  // the slot parity written by the last step
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    const int pair = tid + j * NT, u = pair % U, n = pair / U;
+    const int64_t b = b_base + n;
+    if (pair < Cfg::PAIRS && b < B) {
+      float dh = carry[j];
+#pragma unroll
+      for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
+      p.grad_h0[b * H + rank * U + u] = scalar_t(dh);
+      p.grad_c0[b * H + rank * U + u] = scalar_t(dc[j]);
+    }
+  }
+#endif
+}
+
+template <typename Kernel, typename Params>
+void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& params) {
+  const int64_t clusters = (B + kRows - 1) / kRows;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+// Clusters of this kernel that fit on the device at once (asked once per kernel and device).
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, int threads, int cluster) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> known;
+  const int device = at::cuda::current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster);
+  config.blockDim = dim3(threads);
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  known[device] = n;
+  return n;
+}
+
+// Calls f(std::integral_constant<int, H>{}) for the supported hidden sizes.
+template <typename F>
+bool with_hidden_size(int64_t H, F f) {
+  switch (H) {
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    case 256: f(std::integral_constant<int, 256>{}); return true;
+    default: return false;
+  }
+}
+
+template <typename F>
+void with_scalar_type(at::ScalarType dtype, F f) {
+  switch (dtype) {
+    case at::kFloat:
+      if (allow_tf32()) {
+        f(float{}, std::false_type{});
+      } else {
+        f(float{}, std::true_type{});
+      }
+      break;
+    case at::kBFloat16: f(c10::BFloat16{}, std::false_type{}); break;
+    case at::kHalf: f(c10::Half{}, std::false_type{}); break;
+    default: TORCH_CHECK(false, "lltm: the persistent kernels take float32, bfloat16 and float16");
+  }
+}
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return t.defined() ? reinterpret_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
+  if (B < 1 || B > (int64_t{1} << 28)) return false;
+  bool ok = false;
+  with_hidden_size(H, [&](auto h) {
+    constexpr int kH = decltype(h)::value;
+    using Cfg = ForwardConfig<float, kH, true>;
+    const int active = max_active_clusters(forward_kernel<float, kH, true>, Cfg::NT, Cfg::C);
+    // Beyond a few waves of clusters, one GEMM per step over the whole batch (the stepped path) wins.
+    ok = active > 0 && (B + kRows - 1) / kRows <= 4 * static_cast<int64_t>(active);
+  });
+  return ok;
+}
+
+void persistent_forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0,
+                        const at::Tensor& weight_hh, const at::Tensor& lengths, const at::Tensor& output,
+                        const at::Tensor& cells, const at::Tensor& h_n, const at::Tensor& c_n) {
+  const int64_t T = gates.size(0), B = gates.size(1), H = h0.size(1);
+  TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
+  with_scalar_type(gates.scalar_type(), [&](auto zero, auto precise) {
+    using scalar_t = decltype(zero);
+    constexpr bool kPrecise = decltype(precise)::value;
+    const ForwardParams<scalar_t> params{ptr<scalar_t>(gates), ptr<scalar_t>(output), ptr<scalar_t>(cells),
+                                         ptr<scalar_t>(h_n),   ptr<scalar_t>(c_n),    ptr<scalar_t>(h0),
+                                         ptr<scalar_t>(c0),    ptr<scalar_t>(weight_hh), ptr<int64_t>(lengths),
+                                         static_cast<int>(T), B};
+    const bool ok = with_hidden_size(H, [&](auto h) {
+      constexpr int kH = decltype(h)::value;
+      using Cfg = ForwardConfig<scalar_t, kH, kPrecise>;
+      launch(forward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+    });
+    TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
+  });
+}
+
+void persistent_backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
+                         const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
+                         const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
+                         const at::Tensor& grad_c0) {
+  const int64_t T = activations.size(0), B = activations.size(1), H = cells.size(2);
+  TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
+  with_scalar_type(activations.scalar_type(), [&](auto zero, auto precise) {
+    using scalar_t = decltype(zero);
+    constexpr bool kPrecise = decltype(precise)::value;
+    const BackwardParams<scalar_t> params{ptr<scalar_t>(activations), ptr<scalar_t>(grad_gates), ptr<scalar_t>(cells),
+                                          ptr<scalar_t>(grad_output), ptr<scalar_t>(grad_h_n),
+                                          ptr<scalar_t>(grad_c_n),    ptr<scalar_t>(weight_hh),
+                                          ptr<int64_t>(lengths),      ptr<scalar_t>(grad_h0),
+                                          ptr<scalar_t>(grad_c0),     static_cast<int>(T), B};
+    const bool ok = with_hidden_size(H, [&](auto h) {
+      constexpr int kH = decltype(h)::value;
+      using Cfg = BackwardConfig<scalar_t, kH, kPrecise>;
+      launch(backward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+    });
+    TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
+  });
+}
+
+}  // namespace cuda
+}  // namespace lltm

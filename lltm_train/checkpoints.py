@@ -1,0 +1,79 @@
+"""Which checkpoint a run resumes from, and whether it fits the model, optimiser and data of this run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra.utils import to_absolute_path
+
+from .config import ConfigError
+from .data import SequenceDataModule
+from .tasks import LLTMTask
+
+
+def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
+    """The checkpoint to resume from (``ckpt_path``: None, ``"last"`` or a file); refuses to start afresh
+    over an earlier run's checkpoints.
+
+    Raises:
+        ConfigError: no checkpoint where one was asked for, or checkpoints where none was.
+    """
+    existing = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if ckpt_path is None:
+        if existing:
+            raise ConfigError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it with ckpt_path=last, "
+                              "or leave hydra.run.dir to its default for a new run")
+        return None
+    if ckpt_path == "last":
+        if not existing:
+            raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
+                              "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")
+        return str(existing[-1])
+    path = Path(to_absolute_path(ckpt_path))
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path: no such checkpoint file: {path}")
+    return str(path)
+
+
+def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> None:
+    """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes), this
+    optimiser's state, and data state (a text's vocabulary) that this data module accepts."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses
+        raise ConfigError(f"ckpt_path: cannot read {path} as a checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise ConfigError(f"ckpt_path: {path} is not a Lightning checkpoint (it has no state_dict)")
+    ours, theirs = task.state_dict(), ckpt["state_dict"]
+    problems = [f"{k} is {tuple(theirs[k].shape)} there, {tuple(v.shape)} here" for k, v in ours.items()
+                if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+    problems += [f"{k} is missing there" for k in ours.keys() - theirs.keys()]
+    problems += [f"{k} is not in this model" for k in theirs.keys() - ours.keys()]
+    if problems:
+        raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}); resume with "
+                          "the dataset and model settings of the run that wrote it (its .hydra/config.yaml)")
+    optimizer = task.optimizer_factory(task.parameters())
+    saved = ckpt.get("optimizer_states") or [{}]
+    saved_keys = set(next(iter(saved[0].get("param_groups", [])), {})) - {"params", "initial_lr"}  # the latter from the lr schedule
+    our_keys = set(optimizer.param_groups[0]) - {"params", "initial_lr"}
+    if saved_keys and saved_keys != our_keys:
+        raise ConfigError(f"ckpt_path: {path} holds the state of another optimizer (settings {sorted(saved_keys)}); resume with "
+                          f"the model.optimizer of the run that wrote it")
+    restore_data_state(ckpt, datamodule)
+
+
+def restore_data_state(ckpt: dict, datamodule: SequenceDataModule) -> None:
+    """Hands the data-module states in the checkpoint to ``datamodule.load_state_dict`` (a text data set
+    refuses a vocabulary other than its own there). Lightning files each under the writing data module's
+    class name; all of them are offered, so that a checkpoint of one text cannot resume on another text
+    whose characters happen to get the same ids."""
+    names = set()
+    todo = [SequenceDataModule]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__qualname__)
+        todo += cls.__subclasses__()
+    for name, state in ckpt.items():
+        if name in names and isinstance(state, dict) and state:
+            datamodule.load_state_dict(state)

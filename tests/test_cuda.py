@@ -1,0 +1,165 @@
+"""The CUDA recurrences where only a GPU can check them: both paths (persistent kernels and the stepped,
+graph-replayed loop), precision over long sequences, streams, CUDA graphs, huge batches, races."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from conftest import CUDA_READY, CUDA_SKIP_REASON
+from lltm_train.functional import lltm_layer
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)]
+
+# hidden sizes: 64, 128, 256 take the persistent kernels (float32, bfloat16, float16); 200 the stepped path
+HIDDEN = [64, 128, 256, 200]
+
+
+def params(T, B, I, H, dtype, scale=1.0, device="cuda"):
+    """Inputs of a well-conditioned run: weights small enough that the state does not blow up over T."""
+    kw = dict(device=device, dtype=torch.float64)
+    p = [torch.randn(T, B, I, **kw), torch.randn(B, H, **kw) * 0.5, torch.randn(B, H, **kw) * 0.5,
+         torch.randn(3 * H, I, **kw) * scale * I**-0.5, torch.randn(3 * H, H, **kw) * scale * H**-0.5,
+         torch.randn(3 * H, **kw) * 0.1]
+    return [t.to(dtype) for t in p]
+
+
+def forward_backward(p, backend, upstream, lengths=None):
+    p = [t.detach().clone().requires_grad_() for t in p]
+    out, (h_n, c_n) = lltm_layer(p[0], (p[1], p[2]), p[3], p[4], p[5], lengths=lengths, backend=backend)
+    loss = (out * upstream[0]).sum() + (h_n * upstream[1]).sum() + (c_n * upstream[2]).sum()
+    return [out, h_n, c_n, *torch.autograd.grad(loss, p)]
+
+
+def relative_errors(got, want):
+    return [float((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30)) for g, w in zip(got, want)]
+
+
+@pytest.fixture
+def tf32(request):
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if request.param else "highest")
+    yield request.param
+    torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("H", HIDDEN)
+@pytest.mark.parametrize("dtype, tf32", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
+                                         (torch.float16, False)], indirect=["tf32"], ids=["fp32", "tf32", "bf16", "fp16"])
+def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(H, dtype, tf32):
+    """T = 512: the error against float64 is no worse than the python backend's in the same dtype (TF32,
+    bfloat16, float16), and within a few times it in float32 without TF32."""
+    T, B, I = 512, 10, 24
+    p = params(T, B, I, H, dtype, scale=0.5)
+    upstream = [torch.randn(T, B, H, device="cuda", dtype=dtype) * 0.01, torch.randn(B, H, device="cuda", dtype=dtype),
+                torch.randn(B, H, device="cuda", dtype=dtype)]
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+    ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
+    python = relative_errors(forward_backward(p, "python", upstream), exact)
+    # float32 without TF32 runs 3xTF32 products (about 21 bits per product, float32 has 24): a few times
+    # the python backend's error, still orders of magnitude under TF32's
+    factor = 8 if dtype == torch.float32 and not tf32 else 1.5
+    floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
+    for name, a, b in zip(("output", "h_n", "c_n", "x", "h0", "c0", "w_ih", "w_hh", "b"), ours, python):
+        assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
+
+
+@pytest.mark.parametrize("H", HIDDEN)
+def test_float32_matches_float64_closely_without_tf32(H, full_float32):
+    p = params(37, 13, 24, H, torch.float32)
+    upstream = [torch.randn(37, 13, H, device="cuda"), torch.randn(13, H, device="cuda"), torch.randn(13, H, device="cuda")]
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+    assert max(relative_errors(forward_backward(p, "cuda", upstream), exact)) < 1e-5
+
+
+@pytest.mark.parametrize("H", [128, 200])
+def test_batches_beyond_the_grid_limit(H, full_float32):
+    B = 70_000  # more rows than a grid's y or z dimension holds
+    p = params(3, B, 8, H, torch.float32)
+    upstream = [torch.randn(3, B, H, device="cuda"), torch.randn(B, H, device="cuda"), torch.randn(B, H, device="cuda")]
+    got = forward_backward(p, "cuda", upstream)
+    want = forward_backward(p, "python", upstream)
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("H", [128, 200])
+def test_a_side_stream_gives_the_same_results(H):
+    p = params(9, 5, 6, H, torch.float32)
+    upstream = [torch.randn(9, 5, H, device="cuda"), torch.randn(5, H, device="cuda"), torch.randn(5, H, device="cuda")]
+    want = forward_backward(p, "cuda", upstream)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = forward_backward(p, "cuda", upstream)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("H", [128, 200])
+def test_compiled_with_cuda_graphs_matches_eager(H):
+    """torch.compile(mode="reduce-overhead") captures the op into its own CUDA graph: the stepped path
+    must then issue its steps into that graph instead of replaying its own."""
+    torch._dynamo.reset()
+    p = [t.requires_grad_() for t in params(6, 4, 5, H, torch.float32)]
+
+    def loss_fn(x, h0, c0, w_ih, w_hh, b):
+        out, (h_n, _) = lltm_layer(x, (h0, c0), w_ih, w_hh, b, backend="cuda")
+        return out.square().mean() + h_n.sum()
+
+    compiled = torch.compile(loss_fn, mode="reduce-overhead", fullgraph=True)
+    want = torch.autograd.grad(loss_fn(*p), p)
+    for _ in range(3):  # warm-up, recording, replay
+        loss = compiled(*p)
+        got = torch.autograd.grad(loss, p)
+    assert_close(loss, loss_fn(*p))
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_the_stepped_path_on_hidden_sizes_the_persistent_kernels_take():
+    """LLTM_CUDA_PATH=stepped runs the stepped recurrence everywhere; a fresh process reads it."""
+    code = (
+        "import torch; from lltm_train.functional import lltm_layer; torch.manual_seed(0);"
+        "torch.set_float32_matmul_precision('highest');"
+        "x=torch.randn(17,9,5,device='cuda',dtype=torch.float64); w=torch.randn(384,5,device='cuda',dtype=torch.float64)*0.4;"
+        "u=torch.randn(384,128,device='cuda',dtype=torch.float64)*0.09; b=torch.randn(384,device='cuda',dtype=torch.float64);"
+        "r=[lltm_layer(t(x),None,t(w),t(u),t(b),backend=be)[0].double() for be,t in (('cuda',lambda a:a.float()),('python',lambda a:a))];"
+        "print('ERR', float((r[0]-r[1]).abs().max()))"
+    )
+    env = {**os.environ, "LLTM_CUDA_PATH": "stepped"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert float(result.stdout.split("ERR")[1]) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("tool", ["racecheck", "synccheck", "memcheck"])
+def test_kernels_are_clean_under_compute_sanitizer(tool):
+    code = """
+import torch
+from lltm_train.functional import lltm_layer
+lengths = torch.tensor([5, 1, 0, 3, 5, 5, 2, 4, 5, 1, 5])
+for H, dtype in ((64, torch.float32), (128, torch.bfloat16), (256, torch.float16), (200, torch.float32)):
+    x = torch.randn(5, 11, 7, device="cuda", dtype=dtype, requires_grad=True)
+    w_ih = torch.randn(3 * H, 7, device="cuda", dtype=dtype) * 0.3
+    w_hh = torch.randn(3 * H, H, device="cuda", dtype=dtype) * 0.05
+    for lens in (None, lengths):
+        out, (h, c) = lltm_layer(x, None, w_ih, w_hh, None, lengths=lens, backend="cuda")
+        (out.float().sum() + h.float().sum()).backward()
+torch.cuda.synchronize()
+print("DONE")
+"""
+    result = subprocess.run(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0 and "DONE" in result.stdout, (result.stdout + result.stderr)[-3000:]
+    summary = re.search(r"(ERROR|RACECHECK|SYNCCHECK) SUMMARY: .*", result.stdout + result.stderr)
+    assert summary and re.search(r"SUMMARY: 0 (errors|hazards)", summary.group(0)), (result.stdout + result.stderr)[-3000:]

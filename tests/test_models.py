@@ -1,0 +1,193 @@
+"""The networks: shapes per cell, padded batches, argument errors, sampling, parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lltm_train.models import CELLS, CharLM, SequenceClassifier, SequenceRegressor, recurrent_layer
+from lltm_train.nn import LLTM
+
+# cell, backend pairs: the LLTM with its reference and its compiled CPU kernels, and the torch baselines
+CELL_BACKENDS = [("lltm", "python"), ("lltm", "cpp"), ("lstm", "python"), ("gru", "python")]
+CELL_IDS = ["lltm-python", "lltm-cpp", "lstm", "gru"]
+
+
+def layer_params(cell: str, i: int, h: int) -> int:
+    """Parameters of one recurrent layer and direction, from the formulas of each cell."""
+    return {"lltm": 3 * h * (i + h) + 3 * h, "lstm": 4 * h * (i + h) + 8 * h, "gru": 3 * h * (i + h) + 6 * h}[cell]
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+def test_recurrent_layer_builds_the_named_cell(cell, backend):
+    layer = recurrent_layer(cell, 3, 5, num_layers=2, dropout=0.1, bidirectional=True, backend=backend)
+    expected_type = {"lltm": LLTM, "lstm": nn.LSTM, "gru": nn.GRU}[cell]
+    assert type(layer) is expected_type
+    assert (layer.input_size, layer.hidden_size, layer.num_layers, layer.bidirectional) == (3, 5, 2, True)
+    assert layer.dropout == pytest.approx(0.1)
+    out, _ = layer(torch.randn(7, 2, 3))
+    assert out.shape == (7, 2, 10)
+
+
+def test_recurrent_layer_dropout_is_dropped_with_one_layer():
+    # dropout acts between layers only, so one layer gets none (and neither nn.LSTM nor LLTM warns)
+    assert recurrent_layer("lstm", 3, 4, num_layers=1, dropout=0.5).dropout == 0.0
+    assert recurrent_layer("lltm", 3, 4, num_layers=1, dropout=0.5, backend="python").dropout == 0.0
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+def test_char_lm_shapes_and_dtypes(cell, backend):
+    model = CharLM(vocab_size=11, hidden_size=8, embedding_dim=5, num_layers=2, cell=cell, backend=backend)
+    tokens = torch.randint(0, 11, (6, 3))
+    logits, state = model(tokens)
+    assert logits.shape == (6, 3, 11) and logits.dtype == torch.float32
+    h = state[0] if isinstance(state, tuple) else state
+    assert h.shape == (2, 3, 8)
+    if cell != "gru":
+        assert isinstance(state, tuple) and state[1].shape == (2, 3, 8)
+    # num_classes sets the head's width independently of the vocabulary
+    model = CharLM(vocab_size=10, hidden_size=8, embedding_dim=5, num_classes=9, cell=cell, backend=backend)
+    assert model(torch.randint(0, 10, (4, 2)))[0].shape == (4, 2, 9)
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+def test_char_lm_state_carries_over(cell, backend):
+    """Running the sequence in two pieces with the state passed on gives the logits of one run."""
+    model = CharLM(vocab_size=7, hidden_size=6, embedding_dim=4, num_layers=2, cell=cell, backend=backend).eval()
+    tokens = torch.randint(0, 7, (9, 2))
+    whole, _ = model(tokens)
+    first, state = model(tokens[:4])
+    second, _ = model(tokens[4:], state)
+    torch.testing.assert_close(torch.cat([first, second]), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("model_cls", [SequenceClassifier, SequenceRegressor])
+def test_sequence_models_shapes_with_and_without_lengths(model_cls, bidirectional, cell, backend):
+    model = model_cls(4, 3, 8, num_layers=2, bidirectional=bidirectional, cell=cell, backend=backend)
+    assert model.head.in_features == 8 * (2 if bidirectional else 1) and model.head.out_features == 3
+    x = torch.randn(5, 7, 4)
+    out = model(x)
+    assert out.shape == (5, 3) and out.dtype == torch.float32
+    out = model(x, torch.tensor([7, 3, 1, 5, 7]))
+    assert out.shape == (5, 3) and out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+def test_padded_batch_equals_each_sequence_alone(bidirectional, cell, backend):
+    """With lengths, every sequence's output is the one it gets alone and unpadded, whatever the padding holds."""
+    model = SequenceRegressor(3, 2, 6, num_layers=2, bidirectional=bidirectional, cell=cell, backend=backend).eval()
+    lengths = torch.tensor([2, 6, 1, 4])  # unsorted, shortest of one step
+    x = torch.randn(4, 6, 3)
+    for i, n in enumerate(lengths.tolist()):
+        x[i, n:] = 1e3  # garbage past the end: it must be ignored, not just zero
+    batched = model(x, lengths)
+    for i, n in enumerate(lengths.tolist()):
+        alone = model(x[i : i + 1, :n])
+        torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+    # and without lengths the padding is read: a different answer for the padded sequences
+    assert not torch.allclose(model(x)[0], batched[0])
+
+
+def test_classifier_lengths_equal_each_sequence_alone_cpp_and_python_agree():
+    torch.manual_seed(0)
+    a = SequenceClassifier(3, 4, 5, bidirectional=True, backend="python").eval()
+    b = SequenceClassifier(3, 4, 5, bidirectional=True, backend="cpp").eval()
+    b.load_state_dict(a.state_dict())
+    x, lengths = torch.randn(3, 5, 3), torch.tensor([5, 2, 3])
+    torch.testing.assert_close(a(x, lengths), b(x, lengths), rtol=1e-5, atol=1e-5)
+
+
+def test_char_lm_refuses_bidirectional():
+    with pytest.raises(ValueError, match="cannot be used to predict the next token"):
+        CharLM(10, 8, 4, bidirectional=True)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: recurrent_layer("rnn", 3, 4),
+    lambda: CharLM(10, 8, 4, cell="transformer"),
+    lambda: SequenceClassifier(3, 2, 4, cell="LSTM"),
+    lambda: SequenceRegressor(3, 2, 4, cell=""),
+], ids=["recurrent_layer", "CharLM", "SequenceClassifier", "SequenceRegressor"])
+def test_unknown_cell_names_the_choices(build):
+    with pytest.raises(ValueError, match=r"cell must be one of 'lltm', 'lstm', 'gru'"):
+        build()
+    assert CELLS == ("lltm", "lstm", "gru")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"vocab_size": 0}, "vocab_size must be a positive integer"),
+    ({"embedding_dim": 0}, "embedding_dim must be a positive integer"),
+    ({"dropout": 1.5}, r"dropout must be a number in \[0, 1\]"),
+    ({"hidden_size": 0, "cell": "lstm"}, "hidden_size must be a positive integer"),
+    ({"bidirectional": 1}, "bidirectional must be True or False"),
+])
+def test_char_lm_bad_arguments(kwargs, match):
+    args = {"vocab_size": 10, "hidden_size": 8, "embedding_dim": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        CharLM(**args)
+
+
+def test_sequence_model_bad_arguments():
+    with pytest.raises(ValueError, match="SequenceClassifier: output_size must be a positive integer, got 0"):
+        SequenceClassifier(3, 0, 4)
+    with pytest.raises(ValueError, match="SequenceRegressor: bidirectional must be True or False"):
+        SequenceRegressor(3, 1, 4, bidirectional="yes")
+
+
+@pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
+def test_generate_returns_steps_ids_in_range_reproducibly(cell, backend):
+    model = CharLM(vocab_size=6, hidden_size=8, embedding_dim=4, cell=cell, backend=backend).eval()
+    out = model.generate([1, 2, 3], 25, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    assert len(out) == 25 and all(isinstance(t, int) and 0 <= t < 6 for t in out)
+    again = model.generate([1, 2, 3], 25, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    assert again == out
+    assert model.generate([1], 0) == []
+
+
+def test_generate_follows_the_model():
+    """A head that puts (almost) all mass on one class makes generate return that class every step."""
+    model = CharLM(vocab_size=5, hidden_size=4, embedding_dim=3, backend="python")
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 50.0, 0.0]))
+    assert model.generate([0, 1], 12, temperature=1.0, generator=torch.Generator().manual_seed(0)) == [3] * 12
+    # a different seed draws other tokens from a uniform head
+    with torch.no_grad():
+        model.head.bias.zero_()
+    draws = {tuple(model.generate([0], 30, 1.0, torch.Generator().manual_seed(s))) for s in range(3)}
+    assert len(draws) == 3
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_char_lm_parameter_count(cell):
+    V, E, H, C = 13, 5, 7, 13
+    model = CharLM(V, H, E, num_layers=2, cell=cell, backend="python")
+    expected = V * E + layer_params(cell, E, H) + layer_params(cell, H, H) + (H * C + C)
+    assert n_params(model) == expected
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_bidirectional_sequence_model_parameter_count(cell):
+    I, H, C = 3, 6, 4
+    model = SequenceClassifier(I, C, H, num_layers=2, bidirectional=True, cell=cell, backend="python")
+    # two directions per layer; the second layer reads both directions of the first
+    expected = 2 * layer_params(cell, I, H) + 2 * layer_params(cell, 2 * H, H) + (2 * H * C + C)
+    assert n_params(model) == expected
+
+
+def test_lstm_and_lltm_of_the_same_width_parameter_counts():
+    I, H = 5, 8
+    lltm = recurrent_layer("lltm", I, H, backend="python")
+    lstm = recurrent_layer("lstm", I, H)
+    gru = recurrent_layer("gru", I, H)
+    assert n_params(lltm) == 3 * H * (I + H) + 3 * H == 336
+    assert n_params(lstm) == 4 * H * (I + H) + 8 * H == 480
+    assert n_params(gru) == 3 * H * (I + H) + 6 * H == 360
