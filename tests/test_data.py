@@ -175,3 +175,29 @@ def test_text_task_spec_encodes_and_decodes(tmp_path):
     assert spec.decode(spec.encode(text)) == text
     assert spec.encode("Zq!") == spec.encode("q")  # characters outside the vocabulary are dropped
     assert spec.decode(dm.train_set[0][0].tolist()) == text[:16]
+
+
+def test_device_token_batches_cut_the_same_windows_as_the_data_loader():
+    """The GPU path of the text data sets (run here on the CPU): every batch is a set of TokenWindows items,
+    each epoch a new permutation, drop_last, and DDP ranks take disjoint shares."""
+    from lltm_train.data.text import DeviceTokenBatches, TokenWindows
+
+    windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)  # 99 windows, all different
+    batches = DeviceTokenBatches(windows, batch_size=8, device=torch.device("cpu"), seed=3)
+    assert len(batches) == 12
+    epoch = list(batches)
+    assert len(epoch) == 12 and all(b.x.shape == b.y.shape == (8, 10) and b.lengths is None for b in epoch)
+    starts = []
+    for b in epoch:
+        for x, y in zip(b.x, b.y):
+            i = int(torch.nonzero((torch.stack([windows[j][0] for j in range(len(windows))]) == x).all(1))[0])
+            assert torch.equal(windows[i][1], y)
+            starts.append(i)
+    assert len(set(starts)) == 96  # no window twice in an epoch
+    second = list(batches)
+    assert not torch.equal(epoch[0].x, second[0].x)  # reshuffled
+    again = DeviceTokenBatches(windows, batch_size=8, device=torch.device("cpu"), seed=3)
+    assert torch.equal(next(iter(again)).x, epoch[0].x)  # reproducible from the seed
+    shares = [DeviceTokenBatches(windows, 8, torch.device("cpu"), seed=3, rank=r, world_size=2) for r in (0, 1)]
+    firsts = [{tuple(x.tolist()) for b in share for x in b.x} for share in shares]
+    assert len(shares[0]) == 6 and not firsts[0] & firsts[1]

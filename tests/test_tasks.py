@@ -49,7 +49,7 @@ class TensorDataModule(SequenceDataModule):
 
 def attach(task, log_every_n_steps=1, global_step=0):
     """A stand-in trainer with what the task's own code reads, and a recorder of self.log calls."""
-    task._trainer = SimpleNamespace(log_every_n_steps=log_every_n_steps, global_step=global_step,
+    task._trainer = SimpleNamespace(log_every_n_steps=log_every_n_steps, global_step=global_step, fast_dev_run=False,
                                     gradient_clip_val=None, gradient_clip_algorithm=None)
     logged = {}
     task.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
@@ -224,7 +224,7 @@ def test_no_clipping_still_logs_the_norm():
 
 def test_norm_is_logged_only_on_logging_steps():
     task = classifier()
-    logged = attach(task, log_every_n_steps=3, global_step=0)  # steps 2, 5, ... log
+    logged = attach(task, log_every_n_steps=3, global_step=1)  # steps 0 (the first), 2, 5, ... log
     before = backward_once(task)
     task.configure_gradient_clipping(None, gradient_clip_val=0.01, gradient_clip_algorithm="norm")
     assert "train/grad_norm" not in logged
@@ -281,17 +281,15 @@ def test_trainer_clips_and_logs_grad_norm_on_logging_steps(tmp_path):
 # --- divergence ---------------------------------------------------------------------------------------------------
 
 
-def test_non_finite_loss_raises_at_the_next_logging_step():
+def test_non_finite_loss_raises_at_a_logging_step_without_syncing_on_the_others():
     task = classifier()
-    attach(task, log_every_n_steps=3)
+    attach(task, log_every_n_steps=3, global_step=1)  # steps 0 (the first), 2, 5, ... log
     batch = Batch(torch.randn(2, 4, 3), None, torch.tensor([0, 1]))
-    losses = iter([math.nan, 1.0, 2.0])
+    losses = iter([math.nan, math.nan])  # a diverged run stays diverged
     task.step = lambda batch, stage: torch.tensor(next(losses))
-    assert task.training_step(batch, 0).isnan()  # step 0 logs nothing: no check yet, no stall
-    task._trainer.global_step = 1
-    assert float(task.training_step(batch, 1)) == 1.0
-    task._trainer.global_step = 2  # a logging step: the NaN of step 0 is remembered
-    with pytest.raises(FloatingPointError, match="non-finite by step 2"):
+    assert task.training_step(batch, 1).isnan()  # step 1 logs nothing: not looked at, no stall
+    task._trainer.global_step = 2  # a logging step
+    with pytest.raises(FloatingPointError, match="became nan by step 2"):
         task.training_step(batch, 2)
 
 
@@ -303,18 +301,18 @@ def test_finite_losses_do_not_raise():
     assert torch.isfinite(loss) and logged["train/loss"] is loss
 
 
-class NaNOnce(ClassificationTask):
-    """A NaN loss at step 0 only; the NaN is a constant, so the gradients stay finite and training goes on."""
+class NaNFrom(ClassificationTask):
+    """The loss turns NaN from a given step on, as in a diverged run."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, start=0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.steps_run = []
+        self.start, self.steps_run = start, []
 
     def step(self, batch, stage):
         loss = super().step(batch, stage)
         if stage == "train":
             self.steps_run.append(self.global_step)
-            if self.global_step == 0:
+            if self.global_step >= self.start:
                 loss = loss + torch.tensor(math.nan)
         return loss
 
@@ -323,8 +321,8 @@ class NaNOnce(ClassificationTask):
 def test_trainer_stops_on_a_nan_loss_at_a_logging_step(every):
     torch.manual_seed(5)
     dm = TensorDataModule(TaskSpec("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
-    task = NaNOnce(3, 4, **NET)
-    with pytest.raises(FloatingPointError, match=f"non-finite by step {every - 1}"):
+    task = NaNFrom(3, 4, start=1, **NET)  # diverges after the first step
+    first_logging_step = 1 if every == 1 else every - 1
+    with pytest.raises(FloatingPointError, match=f"became nan by step {first_logging_step}"):
         trainer(max_steps=8, log_every_n_steps=every, limit_val_batches=0).fit(task, datamodule=dm)
-    assert task.steps_run == list(range(every))
-    assert all(torch.isfinite(p).all() for p in task.parameters())  # only the loss was poisoned
+    assert task.steps_run == list(range(first_logging_step + 1))

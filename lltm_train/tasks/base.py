@@ -38,7 +38,6 @@ class LLTMTask(L.LightningModule, ABC):
         self.baseline_loss = baseline_loss
         self.last_validated_step = -1
         self.net: nn.Module
-        self._nonfinite: Tensor | None = None  # on the device: set when a training loss was not finite
 
     def setup(self, stage: str) -> None:
         if self.compile_net and not getattr(self, "_compiled", False):
@@ -61,20 +60,23 @@ class LLTMTask(L.LightningModule, ABC):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def _logs_this_step(self) -> bool:
-        return (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0
+        """Whether Lightning writes this training step's logs (and the first step, for the progress bar)."""
+        trainer = self.trainer
+        return (self.global_step == 0 or bool(trainer.fast_dev_run)
+                or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self.step(batch, "train")
-        # A non-finite loss is recorded on the device and reported at the next logging step: checking it
-        # here would stall the GPU queue on every step.
-        bad = ~torch.isfinite(loss.detach())
-        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        if self._logs_this_step() and bool(self._nonfinite):
-            raise FloatingPointError(
-                f"the training loss became non-finite by step {self.global_step}; lower model.optimizer.lr or set "
-                "trainer.gradient_clip_val (the last checkpoint is kept; resume with ckpt_path=last)"
-            )
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0])
+        # Looked at on logging steps only, which read the loss anyway: a check on every step would stall the
+        # GPU queue each time. A diverged run stays diverged (its weights are no longer finite), so the
+        # check at the next logging step still catches it.
+        if self._logs_this_step():
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr or "
+                    "set trainer.gradient_clip_val (the last checkpoint is kept; resume with ckpt_path=last)"
+                )
+            self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0])
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
