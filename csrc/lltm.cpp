@@ -160,8 +160,9 @@ BackwardResult layer_backward(const std::optional<at::Tensor>& grad_output,
           grad_c0,
           dg.t().mm(input.reshape({T * B, s.I})),
           grad_weight_hh,
-          // On CUDA a GEMV: sum(0) over T * B rows allocates a staging buffer twice the size of dg there.
-          dg.is_cuda() ? at::mv(dg.t(), at::ones({T * B}, dg.options())) : dg.sum(0)};
+          // A GEMV on CUDA for many rows: sum(0) over T * B rows allocates a staging buffer twice the size
+          // of dg there.
+          dg.is_cuda() && T * B > 4096 ? at::mv(dg.t(), at::ones({T * B}, dg.options())) : dg.sum(0)};
 }
 
 }  // namespace lltm

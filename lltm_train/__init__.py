@@ -4,7 +4,12 @@ The LLTM (Long-Long-Term Memory) is an LSTM without a forget gate and with ELU a
 activation, from PyTorch's "Custom C++ and CUDA Extensions" tutorial.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .backends import BACKENDS, available_backends
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("lltm-train")  # pyproject.toml is the one place that states it
+except PackageNotFoundError:  # a source checkout used without installing
+    __version__ = "unknown"
 __all__ = ["BACKENDS", "available_backends", "__version__"]

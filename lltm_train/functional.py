@@ -1,8 +1,8 @@
 """Functional LLTM: a whole sequence (:func:`lltm_layer`) and one step (:func:`lltm_cell`, a layer with T = 1).
 
-This module is the authority on the arguments of the Python API: it checks them once and raises
-TypeError or ValueError with the argument's name; the compiled ops then trust them (their own C++ checks
-guard direct calls of ``torch.ops.lltm``).
+This module is the authority on the arguments of the Python API: TypeError or ValueError with the
+argument's name. For the compiled backends the op's own C++ checks run first, and the Python ones only
+when the op refuses its arguments, so a valid call pays for one set of checks.
 
 Parameters follow ``torch.nn.LSTM``'s layout with three gates instead of four: ``weight_ih`` (3H, I),
 ``weight_hh`` (3H, H), ``bias`` (3H), gate order (input, output, candidate). The tutorial's single weight
@@ -103,14 +103,20 @@ def _uses_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> b
 
 
 def _layer(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias, lengths, backend):
-    input, h, c, weight_ih, weight_hh, bias = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
-    _check(op, layout, input, h, c, weight_ih, weight_hh, bias)
+    tensors = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
     if lengths is not None:
-        _check_lengths(op, lengths, input.shape[0], input.shape[1])
-    if _uses_compiled(op, backend, input.device.type, (input, h, c, weight_ih, weight_hh, bias)):
-        output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(input, h, c, weight_ih, weight_hh, bias, lengths)
+        _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
+    if _uses_compiled(op, backend, input.device.type, tensors):
+        # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
+        # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
+        try:
+            output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(*tensors, lengths)
+        except (RuntimeError, TypeError):
+            _check(op, layout, *tensors)
+            raise
         return output, h_n, c_n
-    return reference.layer_forward(input, h, c, weight_ih, weight_hh, bias, lengths)
+    _check(op, layout, *tensors)
+    return reference.layer_forward(*tensors, lengths)
 
 
 def lltm_layer(
