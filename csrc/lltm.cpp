@@ -44,7 +44,8 @@ void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntA
 Sizes check_forward(const char* op, const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
                     const at::Tensor& weight_ih, const at::Tensor& weight_hh,
                     const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(at::isFloatingType(input.scalar_type()),
+  const auto dtype = input.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
               std::string(op) + ": expected a floating-point input (float16, bfloat16, float32 or float64), got " +
                   c10::toString(input.scalar_type()));
   TORCH_CHECK(input.dim() == 3,

@@ -42,7 +42,8 @@ def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> Non
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses
-        raise ConfigError(f"ckpt_path: cannot read {path} as a checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"ckpt_path: {path} is not a readable checkpoint (damaged, or not written by torch.save: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path: {path} is not a Lightning checkpoint (it has no state_dict)")
     ours, theirs = task.state_dict(), ckpt["state_dict"]

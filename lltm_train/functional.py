@@ -85,7 +85,8 @@ def _check_lengths(op: str, lengths, T: int, B: int) -> None:
             or lengths.shape != (B,):
         got = f"{lengths.dtype} {tuple(lengths.shape)} on {lengths.device}" if isinstance(lengths, Tensor) else type(lengths).__name__
         raise ValueError(f"{op}: lengths must be an int64 CPU tensor of shape ({B},), got {got}")
-    if B and not (0 <= int(lengths.min()) and int(lengths.max()) <= T):
+    # The values are read only outside torch.compile (data-dependent there); the op checks them anyway.
+    if B and not torch.compiler.is_compiling() and not (0 <= int(lengths.min()) and int(lengths.max()) <= T):
         raise ValueError(f"{op}: every length must be in [0, T = {T}], got {lengths.min()} to {lengths.max()}")
 
 
@@ -138,7 +139,9 @@ def lltm_layer(
         weight_ih: (3 * hidden_size, input_size). weight_hh: (3 * hidden_size, hidden_size).
         bias: (3 * hidden_size,) or None.
         lengths: None, or (B,) int64 on the CPU with values in [0, T]: row b runs lengths[b] steps, then
-            keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths).
+            keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths). The
+            padding itself must be finite (zeros, as ``pad_packed_sequence`` gives): it does not change the
+            outputs, but 0 x NaN is NaN in the weight gradients.
         backend: ``"auto"``, ``"python"``, ``"cpp"`` or ``"cuda"`` (see :mod:`lltm_train.backends`).
 
     Returns:

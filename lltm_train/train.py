@@ -24,14 +24,12 @@ log = logging.getLogger("lltm_train")
 info = rank_zero_only(log.info)  # once, not once per DDP process
 
 
-def build_task(cfg: DictConfig, datamodule: SequenceDataModule) -> LLTMTask:
-    """The ``model`` group's LightningModule, given the data set's sizes."""
-    spec = datamodule.task
-    task_class = get_class(cfg.model._target_)
-    if spec.kind not in getattr(task_class, "kinds", (spec.kind,)):
+def _check_kind(cfg: DictConfig, datamodule: SequenceDataModule) -> None:
+    """The model group's task must train on the kind of data the data set poses."""
+    task_class, kind = get_class(cfg.model._target_), datamodule.task.kind
+    if kind not in getattr(task_class, "kinds", (kind,)):
         raise ConfigError(f"model: {task_class.__name__} trains on {' or '.join(task_class.kinds)} data, but "
-                          f"{type(datamodule).__name__} poses {spec.kind}; leave model= to the data set's default")
-    return instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss)
+                          f"{type(datamodule).__name__} poses {kind}; leave model= to the data set's default")
 
 
 def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
@@ -46,6 +44,11 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
         value = cfg.trainer.get(key)
         if value is not None and not value > 0:
             raise ConfigError(f"trainer.{key} must be positive, got {value}")
+    clip = cfg.trainer.get("gradient_clip_val")
+    if clip is not None and not clip >= 0:  # a negative norm bound would flip every gradient
+        raise ConfigError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
+    if cfg.trainer.get("max_steps") == 0:
+        raise ConfigError("trainer.max_steps=0 would train nothing; give a positive number, or -1 for no limit")
     output_dir = Path(cfg.paths.output_dir)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +68,9 @@ def _prepare(cfg: DictConfig):
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule: SequenceDataModule = instantiate(cfg.dataset)
     datamodule.setup("fit")
-    task = build_task(cfg, datamodule)
+    _check_kind(cfg, datamodule)
+    spec = datamodule.task  # the model group's LightningModule, given the data set's sizes:
+    task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     logger = instantiate(cfg.logger) if cfg.logger else False
     if logger is not False and not isinstance(logger, Logger):
@@ -74,10 +79,15 @@ def _prepare(cfg: DictConfig):
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     _check_run(cfg, trainer, task)
+    if cfg.backend == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("backend=cuda needs a CUDA device and none is visible (torch.cuda.is_available() is False); "
+                          "use backend=auto or backend=cpp")
     try:
         backend_used = resolve_backend(cfg.backend, trainer.strategy.root_device.type)
     except ValueError as exc:
         raise ConfigError(f"backend={cfg.backend}: {exc} (set trainer.accelerator to match)") from None
+    if cfg.model.get("cell", "lltm") != "lltm":
+        backend_used = "none"  # a torch.nn baseline cell: no LLTM op runs
     ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
     if ckpt is not None:
         check_fits(ckpt, task, datamodule)
@@ -109,8 +119,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for logger in trainer.loggers:
         logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "backend_used": backend_used,
                                 "num_parameters": task.num_parameters()})
+    backend = f"backend {backend_used}" if backend_used != "none" else f"torch.nn.{cfg.model.cell.upper()}"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
-         f"{type(datamodule).__name__}, backend {backend_used} on {trainer.strategy.root_device}; run directory "
+         f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     _save_final_state(trainer, output_dir / "checkpoints")
@@ -123,6 +134,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if "val/loss" in metrics:
         for logger in trainer.loggers:  # the figure TensorBoard's hparams view shows beside the config
             logger.log_metrics({"hp_metric": metrics["val/loss"]}, step=trainer.global_step)
+            logger.finalize("success")  # the Trainer closed its writer already: flush and close this one
     throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
     average = throughput.average_tokens_per_s if throughput else None
     if throughput and "memory/peak_cuda_mib" in throughput.last_figures:

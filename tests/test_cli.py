@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -46,7 +47,7 @@ BAD = [
     (["dataset=text", "dataset.path=no/such/file.txt"], "no such text file: "),
     (["dataset.no_such_option=1"], "Could not override 'dataset.no_such_option'"),
     (["+dataset.no_such_option=1"], "dataset.no_such_option: lltm_train.data.AddingDataModule takes no argument 'no_such_option'"),
-    (["backend=cuda"], "backend=cuda: LLTM backend 'cuda' runs on CUDA tensors, but the tensors are on cpu"),
+    (["backend=cuda"], "backend=cuda" if torch.cuda.is_available() else "backend=cuda needs a CUDA device and none is visible"),
     (["ckpt_path=last"], "ckpt_path=last: no checkpoint in"),
     (["ckpt_path=missing.ckpt"], "ckpt_path: no such checkpoint file: "),
     (["dataset=shakespeare", "model.bidirectional=true"], "cannot be used to predict the next token"),
@@ -62,6 +63,8 @@ BAD = [
     (["+foo=3"], "foo: no such setting"),
     (["seed=-1"], "seed: expected an integer in [0, 2**32), got -1"),
     (["float32_matmul_precision=low"], "float32_matmul_precision: expected highest, high or medium, got 'low'"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0 would train nothing"),
 ]
 
 

@@ -160,3 +160,11 @@ def test_flags_must_be_booleans_and_packed_sequences_well_formed():
         data = torch.randn(sum(sizes), 4)
         with pytest.raises(ValueError, match="PackedSequence is malformed"):
             m(PackedSequence(data, torch.tensor(sizes, dtype=torch.int64)))
+    with pytest.raises(ValueError, match="PackedSequence is malformed"):
+        m(PackedSequence(torch.randn(4, 4), torch.tensor([[2, 2]])))
+    with pytest.raises(ValueError, match="PackedSequence is malformed"):
+        m(PackedSequence(torch.randn(4, 4), torch.tensor([2.0, 2.0])))
+    with pytest.raises(ValueError, match=r"expected packed data of shape \(N, input_size\)"):
+        m(PackedSequence(torch.randn(4), torch.tensor([2, 2])))
+    with pytest.raises(ValueError, match="sorted_indices must hold one index per sequence"):
+        m(PackedSequence(torch.randn(4, 4), torch.tensor([2, 2]), torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])))

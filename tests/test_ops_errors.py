@@ -166,3 +166,25 @@ def test_float8_and_scalar_weights_are_clear_errors():
         lltm_layer(x.to(torch.float8_e4m3fn), hx, w_ih, w_hh, b, backend="python")
     with pytest.raises(ValueError, match="expected weight_hh of shape"):
         lltm_layer(x, None, w_ih, torch.tensor(1.0), b)
+
+
+def test_raw_op_refuses_float8_and_lengths_off_the_cpu():
+    assert lltm_train.ops.load()
+    x, (h, c), w_ih, w_hh, b = params()
+    f8 = [t.to(torch.float8_e4m3fn) for t in (x, h, c, w_ih, w_hh)]
+    with pytest.raises(RuntimeError, match="expected a floating-point input .* got Float8_e4m3fn"):
+        torch.ops.lltm.layer_forward(*f8, None, None)
+    with pytest.raises(RuntimeError, match="expected lengths as an int64 tensor on the CPU, got one on meta"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, torch.tensor([1, 2], device="meta"))
+
+
+def test_compile_fullgraph_with_lengths():
+    torch._dynamo.reset()
+    x, _, w_ih, w_hh, b = params(dtype=torch.float64)
+
+    def f(x, lengths):
+        out, (h_n, _) = lltm_layer(x, None, w_ih, w_hh, b, lengths=lengths, backend="cpp")
+        return out.sum() + h_n.sum()
+
+    lengths = torch.tensor([3, 1])
+    assert torch.compile(f, fullgraph=True, backend="aot_eager")(x, lengths).item() == pytest.approx(f(x, lengths).item())

@@ -326,3 +326,14 @@ def test_trainer_stops_on_a_nan_loss_at_a_logging_step(every):
     with pytest.raises(FloatingPointError, match=f"became nan by step {first_logging_step}"):
         trainer(max_steps=8, log_every_n_steps=every, limit_val_batches=0).fit(task, datamodule=dm)
     assert task.steps_run == list(range(first_logging_step + 1))
+
+
+def test_a_negative_clip_value_never_flips_the_gradients():
+    """clip_grad_norm_ with a negative bound would multiply every gradient by a negative factor."""
+    task = classifier()
+    attach(task, log_every_n_steps=1)
+    before = backward_once(task)
+    task._trainer.precision_plugin = L.pytorch.plugins.precision.Precision()
+    task.configure_gradient_clipping(None, gradient_clip_val=-1.0, gradient_clip_algorithm="norm")
+    for b, p in zip(before, (p for p in task.net.parameters() if p.grad is not None)):
+        assert torch.equal(b, p.grad)

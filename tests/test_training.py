@@ -125,14 +125,15 @@ def test_killed_run_resumes_step_schedule_and_tensorboard(tmp_path):
 
 
 def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
-    train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8", "trainer.val_check_interval=4",
-                   "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
+    metrics = train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8",
+                             "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "val/loss", "val/bpc", "val/perplexity", "lr-AdamW", "train/grad_norm",
             "throughput/tokens_per_s", "throughput/samples_per_s", "throughput/step_ms"} <= tags
     assert all(v > 0 for _, v in scalars(tmp_path, "throughput/tokens_per_s"))
+    assert scalars(tmp_path, "hp_metric")[-1] == (8, pytest.approx(metrics["val/loss"]))  # the hparams view's figure
     assert "sample" in "".join(acc.Tags()["tensors"])
     hparams = (tmp_path / "tensorboard" / "hparams.yaml").read_text()
     assert "backend_used: cpp" in hparams
@@ -174,5 +175,5 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.rnn.bias_l0"):
         _prepare(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
-    with pytest.raises(ConfigError, match="cannot read .*junk.ckpt as a checkpoint"):
+    with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
         _prepare(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))

@@ -88,6 +88,13 @@ class SequenceDataModule(L.LightningDataModule, ABC):
             self.build()
             self._built = True
 
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        # lengths stay on the CPU, where packing and the kernels read them: no copy back, no sync
+        if isinstance(batch, Batch) and batch.lengths is not None:
+            moved = super().transfer_batch_to_device(batch._replace(lengths=None), device, dataloader_idx)
+            return moved._replace(lengths=batch.lengths)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def collate(self, samples) -> Batch:
         """(x, y) samples -> Batch; data modules with other samples override this."""
         x, y = torch.utils.data.default_collate(samples)

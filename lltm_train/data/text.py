@@ -96,6 +96,8 @@ class TextDataModule(SequenceDataModule):
         if path is None and type(self) is TextDataModule:
             raise ValueError(f"{owner}: dataset.path is required: the text file to train on")
         self.path = None if path is None else Path(path).expanduser().resolve()
+        if self.path is not None and self.path.is_dir():
+            raise IsADirectoryError(f"{owner}: dataset.path={path!r} is a directory ({self.path}); give a text file")
         if self.path is not None and not self.path.is_file():
             raise FileNotFoundError(f"{owner}: no such text file: {self.path} (dataset.path={path!r})")
         self.vocab: list[str] = []

@@ -85,8 +85,15 @@ class LLTM(BackendMixin, nn.Module):
         unbatched, lengths = False, None
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
-            self._check_features(data, "packed data (N, input_size)", 2)
+            if not isinstance(data, Tensor) or data.dim() != 2 or data.shape[-1] != self.input_size:
+                shape = tuple(data.shape) if isinstance(data, Tensor) else type(data).__name__
+                raise ValueError(f"LLTM: expected packed data of shape (N, input_size) with input_size={self.input_size}, "
+                                 f"got {shape}")
             _check_batch_sizes(batch_sizes, data.shape[0])
+            for name, index in (("sorted_indices", sorted_indices), ("unsorted_indices", unsorted_indices)):
+                if index is not None and (index.dim() != 1 or index.numel() != int(batch_sizes[0])):
+                    raise ValueError(f"LLTM: the PackedSequence's {name} must hold one index per sequence "
+                                     f"({int(batch_sizes[0])}), got shape {tuple(index.shape)}")
             x, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))  # sorted order, time-major
         else:
             self._check_features(input, "(T, B, input_size), (B, T, input_size) if batch_first, or (T, input_size)", 3)
@@ -143,7 +150,7 @@ class LLTM(BackendMixin, nn.Module):
 
 
 def _check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
-    sizes = batch_sizes.tolist()
+    sizes = batch_sizes.tolist() if batch_sizes.dim() == 1 and batch_sizes.dtype == torch.int64 else [0]
     if not sizes or min(sizes) < 1 or any(b > a for a, b in zip(sizes, sizes[1:])) or sum(sizes) != rows:
         raise ValueError(
             "LLTM: the PackedSequence is malformed: batch_sizes must be positive, non-increasing and sum to the "

@@ -18,9 +18,16 @@ def _one_device(op: str, *tensors) -> None:
     torch._check(len(devices) == 1, lambda: f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
+def _lengths_on_cpu(op: str, lengths, input) -> None:
+    if lengths is not None:
+        torch._check(lengths.device.type == "cpu" or input.device.type == "meta",
+                     lambda: f"{op}: expected lengths as an int64 tensor on the CPU, got one on {lengths.device}")
+
+
 def _fake_layer_forward(input, h0, c0, weight_ih, weight_hh, bias, lengths):
     op = "lltm.layer_forward"
     _one_device(op, input, h0, c0, weight_ih, weight_hh, bias)
+    _lengths_on_cpu(op, lengths, input)
     torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
     torch._check(weight_hh.dim() == 2, lambda: f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size)")
     T, B, _ = input.shape
@@ -33,6 +40,7 @@ def _fake_layer_backward(grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, 
                          lengths):
     op = "lltm.layer_backward"
     _one_device(op, grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, weight_hh, output, cells, activations)
+    _lengths_on_cpu(op, lengths, input)
     torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
     return (torch.empty_like(input), torch.empty_like(h0), torch.empty_like(h0), torch.empty_like(weight_ih),
             torch.empty_like(weight_hh), weight_hh.new_empty(weight_hh.shape[0]))

@@ -52,13 +52,6 @@ class LLTMTask(L.LightningModule, ABC):
         """Trainable parameters of the network (logged to TensorBoard's hparams)."""
         return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
 
-    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
-        # lengths stay on the CPU, where packing and the kernels read them: no copy back, no sync
-        if isinstance(batch, Batch) and batch.lengths is not None:
-            moved = super().transfer_batch_to_device(batch._replace(lengths=None), device, dataloader_idx)
-            return moved._replace(lengths=batch.lengths)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
     def _logs_this_step(self) -> bool:
         """Whether Lightning writes this training step's logs (and the first step, for the progress bar)."""
         trainer = self.trainer
@@ -95,7 +88,7 @@ class LLTMTask(L.LightningModule, ABC):
         # One pass over the gradients gives the norm to clip by and the norm to log (before clipping).
         params = [p for p in self.net.parameters() if p.grad is not None]
         logs = self._logs_this_step()
-        if gradient_clip_val and (gradient_clip_algorithm or "norm") == "norm":
+        if gradient_clip_val is not None and gradient_clip_val > 0 and (gradient_clip_algorithm or "norm") == "norm":
             norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True) if logs else None
