@@ -88,9 +88,14 @@ def _same_first_losses(tmp_path, dataset, backend_under_test, *extra):
 
 
 def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir / "tensorboard"))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    """(step, value) of a scalar over every event file of the run, in the order the files were written."""
+    found = []
+    for events in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            found += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return found
 
 
 class KillAt(L.Callback):

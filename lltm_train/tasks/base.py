@@ -1,5 +1,5 @@
 """What the LightningModules share: optimiser and schedule, loss logging, clipping with the gradient norm,
-a divergence check, and a lean step (no host synchronisation on steps that log nothing)."""
+a guard against non-finite gradients, and a lean step (no host synchronisation on steps that log nothing)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from .. import validation as v
 from ..data.base import Batch
+
+
+class NonFiniteError(FloatingPointError):
+    """Training stopped on a non-finite loss or gradient (``nonfinite="stop"``)."""
 
 
 class LLTMTask(L.LightningModule, ABC):
@@ -23,6 +28,12 @@ class LLTMTask(L.LightningModule, ABC):
             stepped every optimiser step.
         compile: compile the network with ``torch.compile`` (``nn.Module.compile``; state dict keys unchanged).
         baseline_loss: validation loss of a trivial predictor, logged as ``val/baseline_loss``.
+        nonfinite: what a step whose gradients are not all finite (NaN or inf) does. Either way the step is
+            not applied: the weights and the optimiser's state stay as they were. ``"stop"``: training stops
+            at the next logging step with :class:`NonFiniteError` (and the last good state can be saved);
+            ``"skip"``: training goes on. The count of such steps is logged as ``train/skipped_steps``.
+            With a fused optimiser (``fused=True``, the default AdamW) the step is skipped on the device,
+            with no synchronisation; with others, at the cost of one synchronisation a step.
 
     ``kinds`` names the :class:`~lltm_train.data.TaskSpec` kinds a task trains on.
     """
@@ -30,8 +41,12 @@ class LLTMTask(L.LightningModule, ABC):
     kinds: tuple[str, ...] = ()
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
-                 baseline_loss: float | None = None) -> None:
+                 baseline_loss: float | None = None, nonfinite: str = "stop") -> None:
         super().__init__()
+        self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
+        self._skipped: Tensor | None = None  # on the device: steps whose gradients were not all finite
+        self._skipped_reported = 0  # ... as of the last logging step
+        self._check_skipped = False
         self.optimizer_factory = optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-3))
         self.scheduler_factory = scheduler
         self.compile_net = compile
@@ -64,10 +79,10 @@ class LLTMTask(L.LightningModule, ABC):
         # GPU queue each time. A diverged run stays diverged (its weights are no longer finite), so the
         # check at the next logging step still catches it.
         if self._logs_this_step():
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
+            if not torch.isfinite(loss) and self.nonfinite == "stop":
+                raise NonFiniteError(
                     f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr or "
-                    "set trainer.gradient_clip_val (the last checkpoint is kept; resume with ckpt_path=last)"
+                    "set trainer.gradient_clip_val"
                 )
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0])
         return loss
@@ -85,16 +100,47 @@ class LLTMTask(L.LightningModule, ABC):
             self.last_validated_step = self.global_step
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        # One pass over the gradients gives the norm to clip by and the norm to log (before clipping).
-        params = [p for p in self.net.parameters() if p.grad is not None]
+        # One pass over the gradients gives the norm to clip by, to log (before clipping) and to guard with.
+        params = [p for p in self.parameters() if p.grad is not None]
         logs = self._logs_this_step()
         if gradient_clip_val is not None and gradient_clip_val > 0 and (gradient_clip_algorithm or "norm") == "norm":
             norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True) if logs else None
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self._skip_if_not_finite(optimizer, norm)
+        self._check_skipped = logs
         if logs:
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+
+    def _skip_if_not_finite(self, optimizer, norm: Tensor) -> None:
+        """Keeps a step whose gradient norm is not finite from reaching the weights."""
+        bad = ~torch.isfinite(norm.detach())
+        self._skipped = bad.long() if self._skipped is None else self._skipped + bad
+        if getattr(optimizer, "defaults", {}).get("fused"):
+            # The fused kernels read found_inf (as GradScaler sets it) and leave parameters and state alone.
+            optimizer.found_inf = bad.float()
+        elif bool(bad):  # one synchronisation: parameters without a gradient are not updated
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if not self._check_skipped or self._skipped is None:
+            return
+        skipped = int(self._skipped)  # a logging step: this one synchronisation is shared with the logs
+        self.log("train/skipped_steps", float(skipped), on_step=True, on_epoch=False)
+        if skipped > self._skipped_reported and self.nonfinite == "stop":
+            raise NonFiniteError(
+                f"{skipped - self._skipped_reported} step(s) before step {self.global_step} had non-finite gradients "
+                "and were not applied; lower model.optimizer.lr, or set model.nonfinite=skip to go on past them")
+        self._skipped_reported = skipped
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # No checkpoint may hold weights that a resume could not train from.
+        if not all(torch.isfinite(p).all() for p in self.parameters()):
+            raise NonFiniteError("the weights are no longer finite; not saving them in a checkpoint (resume from an "
+                                 "earlier one with ckpt_path=<file>)")
 
     @staticmethod
     def count(batch: Batch) -> tuple[int, int]:

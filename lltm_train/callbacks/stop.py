@@ -1,0 +1,93 @@
+"""Stopping a run early without losing it: on SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C), and on a
+non-finite loss or gradient."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from ..tasks.base import NonFiniteError
+
+EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # 143, 130: what shells report
+
+
+class StopCheckpoint(Callback):
+    """Saves ``<dirpath>/<filename>.ckpt`` when training stops early, so that ``ckpt_path=last`` resumes there.
+
+    - SIGTERM or SIGINT: the training step under way finishes, the state after it is saved, one line says
+      where, and the process exits with status 143 or 130 (a second signal stops at once). Lightning alone
+      stops after the step too, but saves nothing and exits with status 0, which a scheduler reads as
+      success; SIGINT would interrupt the step wherever it was.
+    - A non-finite loss or gradient (``model.nonfinite=stop``): the state is saved when its weights are still
+      finite (the guarded steps were never applied), and the error names the checkpoint.
+
+    Args:
+        dirpath: the run's checkpoint folder. filename: the checkpoint's name without ``.ckpt``.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "last") -> None:
+        self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.received: str | None = None  # the signal that asked to stop
+        self.saved: Path | None = None
+        self._previous: dict[int, object] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:  # the second signal: the default action, now
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+            signal.raise_signal(signum)
+            return
+        self.received = signal.Signals(signum).name
+        previous = self._previous.get(signum)
+        if signum == signal.SIGTERM and callable(previous):
+            previous(signum, frame)  # Lightning's own notifier (it tells the other ranks under DDP)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if self.received is not None and self.saved is None:
+            self._save(trainer, pl_module)  # the state after this step; the stop comes once its logs are written
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if self.received is not None:  # Lightning stops on SIGTERM itself, after the step's logs; SIGINT stops here
+            raise SIGTERMException()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and self.received is not None:
+            if self.saved is None:
+                self._save(trainer, pl_module)
+            where = f"the state after step {trainer.global_step} is in {self.saved}" if self.saved else "nothing was saved"
+            _say(f"lltm-train: stopped by {self.received}; {where}; resume with hydra.run.dir={self.path.parent.parent} "
+                 "ckpt_path=last")
+            exception.code = EXIT_CODES[self.received]  # the exit status a scheduler reads
+        elif isinstance(exception, NonFiniteError) and self.saved is None:
+            self._save(trainer, pl_module)
+            if self.saved is not None:
+                exception.args = (f"{exception}; the last good state (step {trainer.global_step}) is in {self.saved}",)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if all(torch.isfinite(p).all() for p in pl_module.parameters()):
+            trainer.save_checkpoint(self.path)
+            self.saved = self.path
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
