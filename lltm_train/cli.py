@@ -2,18 +2,26 @@
 
 Errors in the command line or the configuration are printed as one line (``lltm-train: error: ...``) with
 exit status 2, before any training; set HYDRA_FULL_ERROR=1 for Hydra's own report with a traceback.
+
+In a sweep (``-m``) a failing job does not end the sweep: its error goes to ``error.txt`` in its directory and
+to one line, the other jobs run, and the exit status is the number of failed jobs. Job directories are
+named by the job number and the swept settings only.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, InstantiationException
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import ConfigError, config_dir
@@ -22,6 +30,23 @@ from .config import ConfigError, config_dir
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
+_failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs
+
+
+def _swept_settings() -> str:
+    """The job's value of each setting the sweep varies (those given as a,b,... or range/choice/glob on the
+    command line), as a short directory name: ``backend=cpp_model.hidden_size=128``."""
+    swept = set()
+    for arg in sys.argv[1:]:
+        key, _, value = arg.partition("=")
+        if value and ("," in value or re.match(r"(range|choice|glob|interval)\(", value)):
+            swept.add(key.lstrip("+~"))
+    task = HydraConfig.get().overrides.task
+    parts = [o.lstrip("+~") for o in task if o.lstrip("+~").partition("=")[0] in swept]
+    return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
+
+
+OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
@@ -30,14 +55,28 @@ def _run(cfg: DictConfig) -> float | None:
 
     global _job_started
     _job_started = True
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        metrics = train(cfg)
+        return train(cfg).get("val/loss")  # what a sweeper would minimise
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise
+        if in_sweep:
+            return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc))
         _remove_if_empty(Path(cfg.paths.output_dir))
         _fail(exc)
-    return metrics.get("val/loss")  # what a sweeper would minimise
+    except Exception as exc:  # noqa: BLE001 - in a sweep, a crashed job must not take the others with it
+        if not in_sweep or not _one_line_errors:
+            raise
+        return _record_failed_job(Path(cfg.paths.output_dir), exc, f"{type(exc).__name__}: {one_line(exc)}")
+    return None
+
+
+def _record_failed_job(job_dir: Path, exc: BaseException, message: str) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "error.txt").write_text(message + "\n\n" + "".join(traceback.format_exception(exc)))
+    print(f"lltm-train: error in job {job_dir.name}: {message}", file=sys.stderr, flush=True)
+    _failed_jobs.append(f"{job_dir}: {message}")
 
 
 def _remove_if_empty(run_dir: Path) -> None:
@@ -72,7 +111,20 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(parts)
 
 
+def _sweep_group_settings(argv: list[str]) -> list[str]:
+    """``G.key=value`` settings of a config group that the sweep varies (``-m dataset=adding,copy``) as
+    ``++G.key=value``. Hydra checks a sweep's settings against the default group option (shakespeare has no
+    ``train_size``) before it composes each job, and refuses them; each job checks them against its own
+    options anyway (an unknown key is a one-line error there)."""
+    if not {"-m", "--multirun"} & set(argv):
+        return argv
+    groups = {p.name for p in config_dir().iterdir() if p.is_dir()}
+    swept = {a.partition("=")[0] for a in argv if a.partition("=")[0] in groups and "," in a.partition("=")[2]}
+    return [f"++{a}" if a.partition(".")[0] in swept and "=" in a and not a.startswith(("+", "~")) else a for a in argv]
+
+
 def main() -> None:
+    sys.argv = _sweep_group_settings(sys.argv)
     # With HYDRA_FULL_ERROR set, Hydra raises its composition errors instead of printing them, so they can
     # be reported here in one line; a user who sets it gets Hydra's full report instead.
     global _one_line_errors
@@ -83,6 +135,10 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _run()
+        if _failed_jobs:
+            print(f"lltm-train: {len(_failed_jobs)} job(s) of the sweep failed (their error.txt says why): "
+                  + "; ".join(_failed_jobs), file=sys.stderr)
+            sys.exit(min(len(_failed_jobs), 125))
     except _REPORTED as exc:
         _fail(exc)
     except Exception as exc:  # noqa: BLE001

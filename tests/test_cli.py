@@ -126,14 +126,32 @@ def test_relative_text_path_resolves_against_the_working_directory(tmp_path):
     assert "TextDataModule" in result.stderr
 
 
-def test_multirun_sweep_over_backends(tmp_path):
-    result = lltm_train(tmp_path, "-m", "backend=python,cpp", "+trainer.fast_dev_run=2", "dataset=adding",
-                        "dataset.train_size=32", "model.hidden_size=8", "trainer.accelerator=cpu")
+def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):
+    """backend=cuda fails on a CPU trainer; the cpp and python jobs still run. Many fixed overrides (and a path
+    with a slash) once made the job directory's name too long, or nested it."""
+    (tmp_path / "data").mkdir()
+    result = lltm_train(tmp_path, "-m", "backend=python,cuda,cpp", "model.hidden_size=4,8", "+trainer.fast_dev_run=2",
+                        *(o for o in TINY if not o.startswith("model.hidden_size")), "hydra.sweep.dir=sweep/with/slashes")
+    assert result.returncode == 2, result.stderr[-3000:]  # the exit status is the number of failed jobs
+    jobs = sorted(p.name for p in (tmp_path / "sweep" / "with" / "slashes").iterdir() if p.is_dir())
+    assert jobs == ["0_backend=python_model.hidden_size=4", "1_backend=python_model.hidden_size=8",
+                    "2_backend=cuda_model.hidden_size=4", "3_backend=cuda_model.hidden_size=8",
+                    "4_backend=cpp_model.hidden_size=4", "5_backend=cpp_model.hidden_size=8"]
+    root = tmp_path / "sweep" / "with" / "slashes"
+    for job in jobs:
+        failed = "cuda" in job
+        assert (root / job / "error.txt").is_file() == failed
+        assert (root / job / ".hydra" / "config.yaml").is_file()
+    assert "backend=cuda" in (root / jobs[2] / "error.txt").read_text()
+    assert "lltm-train: 2 job(s) of the sweep failed" in result.stderr
+
+
+def test_a_sweep_over_data_sets_takes_their_settings(tmp_path):
+    result = lltm_train(tmp_path, "-m", "dataset=adding,copy", "dataset.train_size=48", "+trainer.fast_dev_run=1",
+                        "model.hidden_size=8", "trainer.accelerator=cpu", "logger=none")
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = sorted(p.name for p in tmp_path.glob("multirun/*/*") if p.is_dir())
-    assert len(jobs) == 2 and jobs[0].startswith("0_") and "backend=python" in jobs[0] and "backend=cpp" in jobs[1]
-    for job in (p for p in tmp_path.glob("multirun/*/*") if p.is_dir()):
-        assert (job / ".hydra" / "config.yaml").is_file() and (job / "train.log").is_file()
+    configs = sorted(tmp_path.glob("multirun/*/*/.hydra/config.yaml"))
+    assert len(configs) == 2 and all("train_size: 48" in c.read_text() for c in configs)
 
 
 def test_experiment_recipes_compose_and_check(tmp_path):
