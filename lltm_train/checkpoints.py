@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,23 +30,49 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | Non
         if not existing:
             raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
                               "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")
-        return str(existing[-1])
+        damaged = []
+        for path in reversed(existing):  # the newest readable one; a damaged file is passed over, with a warning
+            try:
+                read_checkpoint(path)
+            except ConfigError as exc:
+                damaged.append(str(exc))
+                continue
+            for message in damaged:
+                warnings.warn(f"ckpt_path=last: {message}; resuming from {path.name} instead", stacklevel=2)
+            return str(path)
+        raise ConfigError(f"ckpt_path=last: no readable checkpoint in {checkpoint_dir}: " + "; ".join(damaged))
     path = Path(to_absolute_path(ckpt_path))
     if not path.is_file():
         raise ConfigError(f"ckpt_path: no such checkpoint file: {path}")
     return str(path)
 
 
-def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> None:
-    """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes), this
-    optimiser's state, and data state (a text's vocabulary) that this data module accepts."""
+def read_checkpoint(path: Path) -> dict:
+    """The checkpoint's contents, tensors mapped from the file rather than read.
+
+    Raises:
+        ConfigError: one line naming the file: unreadable (truncated, damaged, not written by torch.save)
+            or not a Lightning checkpoint.
+    """
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses
-        raise ConfigError(f"ckpt_path: {path} is not a readable checkpoint (damaged, or not written by torch.save: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path} is not a readable checkpoint (damaged, or not written by torch.save: "
+                          f"{type(exc).__name__}: {reason})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        raise ConfigError(f"ckpt_path: {path} is not a Lightning checkpoint (it has no state_dict)")
+        raise ConfigError(f"{path} is not a Lightning checkpoint (it has no state_dict)")
+    return ckpt
+
+
+def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> int:
+    """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes), this
+    optimiser's state, and data state (a text's vocabulary) that this data module accepts. Returns the
+    checkpoint's step (optimiser steps done)."""
+    try:
+        ckpt = read_checkpoint(Path(path))
+    except ConfigError as exc:
+        raise ConfigError(f"ckpt_path: {exc}") from None
     ours, theirs = task.state_dict(), ckpt["state_dict"]
     problems = [f"{k} is {tuple(theirs[k].shape)} there, {tuple(v.shape)} here" for k, v in ours.items()
                 if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
@@ -62,6 +89,7 @@ def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> Non
         raise ConfigError(f"ckpt_path: {path} holds the state of another optimizer (settings {sorted(saved_keys)}); resume with "
                           f"the model.optimizer of the run that wrote it")
     restore_data_state(ckpt, datamodule)
+    return int(ckpt.get("global_step", 0))
 
 
 def restore_data_state(ckpt: dict, datamodule: SequenceDataModule) -> None:

@@ -80,6 +80,11 @@ def check_node(node: DictConfig, key: str) -> None:
         if isinstance(value, DictConfig) and "_target_" in value:
             check_node(value, full)
             continue
+        if isinstance(value, ListConfig) and any(isinstance(item, DictConfig) and "_target_" in item for item in value):
+            for i, item in enumerate(value):  # a list of objects to build, e.g. trainer.plugins
+                if isinstance(item, DictConfig) and "_target_" in item:
+                    check_node(item, f"{full}[{i}]")
+            continue
         plain = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
         if plain is None and hints[name] is not typing.Any and type(None) not in typing.get_args(hints[name]):
             raise ConfigError(f"{full}: expected {inspect.formatannotation(hints[name])}, got null")

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -61,6 +61,23 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
         raise ConfigError(f"callbacks: {type(bad).__module__}.{type(bad).__qualname__} is not a Lightning Callback")
 
 
+def _logger_resume_args(logger_cfg: DictConfig, resumed_step: int | None) -> dict:
+    """A resumed run's TensorBoard writer hides what the killed run logged after its checkpoint (steps
+    from ``resumed_step`` on, which the resumed run logs again): each curve then has one point a step."""
+    if resumed_step is None or get_class(logger_cfg._target_) is not TensorBoardLogger:
+        return {}
+    return {"purge_step": resumed_step, "default_hp_metric": False}  # the first run wrote the placeholder
+
+
+def _batches_per_step(trainer_cfg: DictConfig) -> dict:
+    """``trainer.val_check_interval`` counts optimiser steps, as checkpoints and logs do; Lightning counts
+    batches, which differ under gradient accumulation."""
+    interval, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches") or 1
+    if isinstance(interval, int) and not isinstance(interval, bool) and isinstance(accumulate, int) and accumulate > 1:
+        return {"val_check_interval": interval * accumulate}
+    return {}
+
+
 def _prepare(cfg: DictConfig):
     """Everything before training; any error here is a configuration error, reported before a step runs."""
     check_config(cfg)
@@ -72,12 +89,14 @@ def _prepare(cfg: DictConfig):
     spec = datamodule.task  # the model group's LightningModule, given the data set's sizes:
     task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
-    logger = instantiate(cfg.logger) if cfg.logger else False
+    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
+    resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
+    logger = instantiate(cfg.logger, **_logger_resume_args(cfg.logger, resumed_step)) if cfg.logger else False
     if logger is not False and not isinstance(logger, Logger):
         raise ConfigError(f"logger: {type(logger).__module__}.{type(logger).__qualname__} is not a Lightning logger")
     if not logger:  # the learning-rate monitor has nothing to write to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer))
     _check_run(cfg, trainer, task)
     if cfg.backend == "cuda" and not torch.cuda.is_available():
         raise ConfigError("backend=cuda needs a CUDA device and none is visible (torch.cuda.is_available() is False); "
@@ -88,16 +107,20 @@ def _prepare(cfg: DictConfig):
         raise ConfigError(f"backend={cfg.backend}: {exc} (set trainer.accelerator to match)") from None
     if cfg.model.get("cell", "lltm") != "lltm":
         backend_used = "none"  # a torch.nn baseline cell: no LLTM op runs
-    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
-    if ckpt is not None:
-        check_fits(ckpt, task, datamodule)
     return datamodule, task, trainer, backend_used, ckpt
 
 
 def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
     """Writes last.ckpt when training ends, which may be after the last periodic checkpoint."""
     if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run:
-        trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)
+        # Saved as at the end of the last step, where Lightning's periodic checkpoints are: its step counter
+        # for loggers has moved on once more since, and a resume would count that step twice.
+        epoch_loop = trainer.fit_loop.epoch_loop
+        epoch_loop._batches_that_stepped -= 1
+        try:
+            trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)
+        finally:
+            epoch_loop._batches_that_stepped += 1
 
 
 def _needs_final_validation(trainer: L.Trainer, task: LLTMTask) -> bool:

@@ -117,13 +117,19 @@ def test_no_logger_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_relative_text_path_resolves_against_the_working_directory(tmp_path):
+@pytest.mark.parametrize("chdir", [False, True], ids=["in place", "hydra.job.chdir=true"])
+def test_relative_paths_resolve_against_the_directory_the_command_ran_in(tmp_path, chdir):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "notes.txt").write_text("the quick brown fox jumps over the lazy dog. " * 80)
-    result = lltm_train(tmp_path, "dataset=text", "dataset.path=data/notes.txt", "dataset.seq_len=16", "+trainer.fast_dev_run=1",
-                        "model.hidden_size=8", "trainer.accelerator=cpu")
+    common = ["dataset=text", "dataset.path=data/notes.txt", "dataset.seq_len=16", "model.hidden_size=8",
+              "trainer.accelerator=cpu", "trainer.max_steps=2", "trainer.val_check_interval=2", "hydra.run.dir=runs/a",
+              f"hydra.job.chdir={str(chdir).lower()}"]
+    result = lltm_train(tmp_path, *common)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "TextDataModule" in result.stderr
+    assert "TextDataModule" in result.stderr and (tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt").is_file()
+    resumed = lltm_train(tmp_path, *common, "trainer.max_steps=4", "ckpt_path=runs/a/checkpoints/last.ckpt")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert torch.load(tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
 
 
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):

@@ -178,26 +178,78 @@ def test_text_task_spec_encodes_and_decodes(tmp_path):
 
 
 def test_device_token_batches_cut_the_same_windows_as_the_data_loader():
-    """The GPU path of the text data sets (run here on the CPU): every batch is a set of TokenWindows items,
-    each epoch a new permutation, drop_last, and DDP ranks take disjoint shares."""
+    """The GPU path of the text data sets (run here on the CPU): the batches the training DataLoader gives
+    over the same windows and order, each epoch a new permutation, drop_last, and DDP ranks take disjoint shares."""
+    from lltm_train.data.resumable import ResumableLoader, ResumableSampler
     from lltm_train.data.text import DeviceTokenBatches, TokenWindows
 
     windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)  # 99 windows, all different
-    batches = DeviceTokenBatches(windows, batch_size=8, device=torch.device("cpu"), seed=3)
-    assert len(batches) == 12
-    epoch = list(batches)
-    assert len(epoch) == 12 and all(b.x.shape == b.y.shape == (8, 10) and b.lengths is None for b in epoch)
-    starts = []
-    for b in epoch:
-        for x, y in zip(b.x, b.y):
-            i = int(torch.nonzero((torch.stack([windows[j][0] for j in range(len(windows))]) == x).all(1))[0])
-            assert torch.equal(windows[i][1], y)
-            starts.append(i)
-    assert len(set(starts)) == 96  # no window twice in an epoch
-    second = list(batches)
-    assert not torch.equal(epoch[0].x, second[0].x)  # reshuffled
-    again = DeviceTokenBatches(windows, batch_size=8, device=torch.device("cpu"), seed=3)
-    assert torch.equal(next(iter(again)).x, epoch[0].x)  # reproducible from the seed
-    shares = [DeviceTokenBatches(windows, 8, torch.device("cpu"), seed=3, rank=r, world_size=2) for r in (0, 1)]
+    batches = DeviceTokenBatches(windows, 8, torch.device("cpu"), ResumableSampler(windows, 8, seed=3))
+    loader = ResumableLoader(windows, batch_size=8, sampler=ResumableSampler(windows, 8, seed=3), drop_last=True,
+                             collate_fn=lambda b: b)
+    assert len(batches) == len(loader) == 12
+    for _ in range(2):  # two epochs
+        epoch, expected = list(batches), list(loader)
+        assert len(epoch) == 12 and all(b.x.shape == b.y.shape == (8, 10) and b.lengths is None for b in epoch)
+        assert all(torch.equal(b.x, e.x) and torch.equal(b.y, e.y) for b, e in zip(epoch, expected))
+        assert all(torch.equal(b.y[:, :-1], b.x[:, 1:]) and torch.equal(b.x[:, 0] % 10, torch.zeros(8, dtype=torch.long))
+                   for b in epoch)  # whole windows of the stream, y one step ahead
+        assert len({int(x[0]) for b in epoch for x in b.x}) == 96  # no window twice in an epoch
+    assert not torch.equal(epoch[0].x, next(iter(DeviceTokenBatches(windows, 8, torch.device("cpu"),
+                                                                        ResumableSampler(windows, 8, seed=3)))).x)
+    shares = [DeviceTokenBatches(windows, 8, torch.device("cpu"), ResumableSampler(windows, 8, seed=3, num_replicas=2,
+                                                                                  rank=r)) for r in (0, 1)]
     firsts = [{tuple(x.tolist()) for b in share for x in b.x} for share in shares]
     assert len(shares[0]) == 6 and not firsts[0] & firsts[1]
+
+
+@pytest.mark.parametrize("kind", ["loader", "device batches"])
+@pytest.mark.parametrize("stop_at", [0, 5, 12, 17], ids=lambda k: f"stopped after {k} batches")
+def test_a_training_loader_resumes_at_the_batch_it_stopped_at(kind, stop_at):
+    """A fresh loader given the saved position goes on with exactly the batches the first one would have
+    given next, within an epoch, at its end and in the next (12 batches an epoch)."""
+    from lltm_train.data.resumable import ResumableLoader, ResumableSampler
+    from lltm_train.data.text import DeviceTokenBatches, TokenWindows
+
+    windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)
+
+    def make():
+        sampler = ResumableSampler(windows, 8, seed=11)
+        if kind == "loader":
+            return ResumableLoader(windows, batch_size=8, sampler=sampler, drop_last=True, collate_fn=lambda b: b)
+        return DeviceTokenBatches(windows, 8, torch.device("cpu"), sampler)
+
+    def epochs(loader, n):  # as Lightning drives it: set_epoch, then iterate; no call after the last batch
+        out = []
+        for _ in range(n):
+            out += [b.x for _, b in zip(range(len(loader)), loader)]
+        return out
+
+    whole = epochs(make(), 3)
+    first = make()
+    taken = []
+    iterator = iter(first)
+    for _ in range(min(stop_at, 12)):
+        taken.append(next(iterator).x)
+    if stop_at >= 12:
+        iterator = iter(first)
+        taken += [next(iterator).x for _ in range(stop_at - 12)]
+    state = first.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [b.x for _, b in zip(range(len(resumed) - state["batches"]), resumed)] + epochs(resumed, 1)
+    assert len(taken) == stop_at
+    assert all(torch.equal(a, b) for a, b in zip(taken + rest, whole)) and len(taken + rest) >= 24
+
+
+def test_a_data_position_from_other_data_is_refused_or_restarts_the_epoch():
+    from lltm_train.data.resumable import ResumableLoader, ResumableSampler
+    from lltm_train.data.text import TokenWindows
+
+    windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)
+    loader = ResumableLoader(windows, batch_size=8, sampler=ResumableSampler(windows, 8), drop_last=True)
+    with pytest.raises(ValueError, match="not a data position"):
+        loader.load_state_dict({"epoch": -1, "batches": 3})
+    with pytest.warns(UserWarning, match="batches of 4 over 99 samples, this run has batches of 8 over 99"):
+        loader.load_state_dict({"epoch": 2, "batches": 5, "batch_size": 4, "samples": 99})
+    assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["batches"] == 0

@@ -168,3 +168,19 @@ def test_flags_must_be_booleans_and_packed_sequences_well_formed():
         m(PackedSequence(torch.randn(4), torch.tensor([2, 2])))
     with pytest.raises(ValueError, match="sorted_indices must hold one index per sequence"):
         m(PackedSequence(torch.randn(4, 4), torch.tensor([2, 2]), torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])))
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_compiled_module_on_packed_sequences_of_varying_lengths_matches_eager(backend):
+    """torch.compile (inductor) of the module on PackedSequence batches whose lengths change from batch to
+    batch: each batch gives what the eager module gives (it used to fail at the second batch)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LLTM(12, 16, backend=backend)
+    compiled = torch.compile(model)
+    for lengths in ([5, 3, 2], [7, 7, 1, 4], [6, 2], [1]):
+        x = pack_padded_sequence(torch.randn(max(lengths), len(lengths), 12), torch.tensor(lengths), enforce_sorted=False)
+        (out, (h, c)), (out_ref, (h_ref, c_ref)) = compiled(x), model(x)
+        assert_close(out.data, out_ref.data)
+        assert_close(h, h_ref)
+        assert_close(c, c_ref)

@@ -106,3 +106,92 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path):
     with pytest.raises(NonFiniteError, match="not saving them in a checkpoint"):
         trainer.save_checkpoint(tmp_path / "bad.ckpt")
     assert not (tmp_path / "bad.ckpt").exists()
+
+
+class SigkillAt(L.Callback):
+    """kill -9 of the process at the start of a given step: nothing after the last checkpoint survives."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+# 640 samples in batches of 16: 40 batches an epoch; checkpoints every 10 steps; dropout draws random numbers.
+EXACT = ["dataset=adding", "dataset.seq_len=10", "dataset.train_size=640", "dataset.val_size=16", "dataset.test_size=16",
+         "dataset.batch_size=16", "model.hidden_size=8", "model.num_layers=2", "model.dropout=0.25",
+         "trainer.log_every_n_steps=1", "trainer.max_steps=60", "trainer.val_check_interval=10",
+         "trainer.deterministic=true", "trainer.accelerator=cpu", "hydra.run.dir=run"]
+
+
+@pytest.mark.parametrize("killed_at, resumed_from", [(23, 20), (43, 40)], ids=["mid-epoch", "at an epoch's end"])
+def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, killed_at, resumed_from):
+    """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
+    the uninterrupted run did: the same loss at every step and the same final weights, bit for bit (CPU,
+    trainer.deterministic=true); TensorBoard has one point a step."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = run(tmp_path / "a", *EXACT)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = run(tmp_path / "b", *EXACT, "+callbacks.kill._target_=test_preemption.SigkillAt", f"+callbacks.kill.step={killed_at}")
+    assert killed.returncode == -signal.SIGKILL
+    last = tmp_path / "b" / "run" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == resumed_from
+    resumed = run(tmp_path / "b", *EXACT, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def losses(directory):
+        acc = EventAccumulator(str(directory / "run" / "tensorboard"))
+        acc.Reload()  # as TensorBoard shows it: the resumed writer purged what the killed run logged after its checkpoint
+        return [(e.step, e.value) for e in acc.Scalars("train/loss")]
+
+    assert [s for s, _ in losses(tmp_path / "b")] == list(range(60))  # no gap, no repeat
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")
+    weights = [torch.load(d / "run" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (tmp_path / "a", tmp_path / "b")]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    from lltm_train.checkpoint_io import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    real_save = torch.save
+
+    def save_half_then_die(obj, f, *args, **kwargs):  # as a kill or a full disk would, part-way through the file
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_half_then_die)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no partial file left behind
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    from lltm_train.train import _prepare
+
+    trainer = _prepare(make_cfg(tmp_path / "run", *ADDING))[2]
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # what every run writes with
+
+
+def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newest_good_one(tmp_path):
+    from lltm_train.config import ConfigError
+    from lltm_train.train import _prepare
+
+    common = [*ADDING, "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    train(make_cfg(tmp_path, *common))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    best = next((tmp_path / "checkpoints").glob("best-*.ckpt"))
+    os.utime(best, ns=(last.stat().st_mtime_ns - 10**9,) * 2)  # older than last.ckpt, as a periodic save is
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # cut short
+    with pytest.raises(ConfigError, match=r"^ckpt_path: .*last\.ckpt is not a readable checkpoint \(damaged"):
+        _prepare(make_cfg(tmp_path, *common, f"ckpt_path={last}"))
+    with pytest.warns(UserWarning, match=rf"last\.ckpt is not a readable checkpoint .*; resuming from {best.name} instead"):
+        *_, ckpt = _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))
+    assert ckpt == str(best)
+    best.write_bytes(b"")
+    with pytest.raises(ConfigError, match="ckpt_path=last: no readable checkpoint in"):
+        _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))

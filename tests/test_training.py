@@ -71,6 +71,26 @@ def test_cuda_backend_gives_the_same_first_losses(tmp_path):
     _same_first_losses(tmp_path, "adding", "cuda", "trainer.accelerator=gpu", "float32_matmul_precision=highest")
 
 
+CUDA_RUN = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)])
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp", CUDA_RUN])
+@pytest.mark.parametrize("dataset", ["shakespeare", "japanese_vowels"])
+def test_deterministic_runs_are_identical_bit_for_bit(tmp_path, dataset, backend):
+    """trainer.deterministic=true: two runs of the same config (dropout on) end with the same weights, bit for bit."""
+    extra = ["trainer.accelerator=gpu", "float32_matmul_precision=highest"] if backend == "cuda" else []
+    common = [f"dataset={dataset}", *SMALL[dataset], f"backend={backend}", "model.num_layers=2", "model.dropout=0.3",
+              "trainer.deterministic=true", "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
+              *extra]
+    weights = []
+    for run in ("a", "b"):
+        train(make_cfg(tmp_path / run, *common))
+        weights.append(torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert not torch.equal(weights[0]["net.head.weight"], _prepare(make_cfg(tmp_path / "c", *common))[1].net.head.weight.cpu())
+
+
 def _same_first_losses(tmp_path, dataset, backend_under_test, *extra):
     losses = {}
     for backend in ("python", backend_under_test):
@@ -129,6 +149,29 @@ def test_killed_run_resumes_step_schedule_and_tensorboard(tmp_path):
     assert resumed == pytest.approx(dict(scalars(reference, "lr-AdamW")), rel=1e-6)  # the schedule did not restart
 
 
+def test_an_extended_run_goes_on_at_the_learning_rate_of_its_new_schedule(tmp_path):
+    """Resumed with a larger max_steps, the first new step trains at the stretched schedule's rate for that
+    step (not at the old schedule's final 0), and every later step follows the new schedule."""
+    from lltm_train.tasks.schedule import warmup_cosine
+
+    common = ["dataset=adding", *SMALL["adding"], "trainer.val_check_interval=6", "trainer.limit_val_batches=1",
+              "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0"]
+    train(make_cfg(tmp_path, *common, "trainer.max_steps=12"))
+    train(make_cfg(tmp_path, *common, "trainer.max_steps=24", "ckpt_path=last"))
+    schedule = warmup_cosine(torch.optim.SGD([torch.zeros(1)], lr=1.0), total_steps=lambda: 24)
+    peak = make_cfg(tmp_path, *common).model.optimizer.lr
+    logged = dict(scalars(tmp_path, "lr-AdamW"))
+    assert [logged[s] for s in range(12, 24)] == pytest.approx([peak * schedule.lr_lambdas[0](s) for s in range(12, 24)], rel=1e-6)
+    assert logged[12] > 0.4 * peak
+
+
+def test_validation_counts_optimiser_steps_under_gradient_accumulation(tmp_path):
+    train(make_cfg(tmp_path, "dataset=adding", *SMALL["adding"], "trainer.max_steps=8", "trainer.val_check_interval=4",
+                   "+trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0"))
+    assert [s for s, _ in scalars(tmp_path, "val/loss")] == [3, 7]  # after steps 4 and 8 (TensorBoard counts from 0)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["best-step8.ckpt", "last.ckpt"]
+
+
 def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
     metrics = train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8",
                              "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
@@ -152,9 +195,10 @@ def test_mixed_precision_on_cpu(tmp_path, precision):
     assert torch.isfinite(torch.tensor(train(cfg)["train/loss"]))
 
 
-def test_compiled_model_trains(tmp_path):
+@pytest.mark.parametrize("dataset", ["copy", "japanese_vowels"])  # the latter: packed sequences of varying lengths
+def test_compiled_model_trains(tmp_path, dataset):
     torch._dynamo.reset()
-    cfg = make_cfg(tmp_path, "dataset=copy", *SMALL["copy"], "model.compile=true", "+trainer.fast_dev_run=2")
+    cfg = make_cfg(tmp_path, f"dataset={dataset}", *SMALL[dataset], "model.compile=true", "+trainer.fast_dev_run=2")
     assert torch.isfinite(torch.tensor(train(cfg)["train/loss"]))
 
 

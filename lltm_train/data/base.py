@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .. import validation as v
+from .resumable import ResumableLoader, ResumableSampler, loader_generator
 
 
 class Batch(NamedTuple):
@@ -101,20 +102,28 @@ class SequenceDataModule(L.LightningDataModule, ABC):
         return Batch(x, None, y)
 
     def _loader(self, dataset: Dataset | None, shuffle: bool) -> DataLoader:
+        """Training (``shuffle=True``): a :class:`~lltm_train.data.resumable.ResumableLoader`, whose epoch
+        order follows from the run's seed and whose position checkpoints keep. Evaluation: in order. No loader
+        draws from the global random state."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for data loaders")
-        accelerator = getattr(getattr(self, "trainer", None), "accelerator", None)
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
+        trainer = getattr(self, "trainer", None)
+        seed = torch.initial_seed() % 2**32  # the run's seed (seed_everything)
+        common = dict(
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=self.collate,
-            drop_last=shuffle and len(dataset) > self.batch_size,
             # page-locked batches copy to a GPU without stalling the host on the copy
-            pin_memory=type(accelerator).__name__ == "CUDAAccelerator",
+            pin_memory=type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator",
+            generator=loader_generator(seed),
         )
+        if not shuffle:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **common)
+        sampler = ResumableSampler(dataset, self.batch_size, seed=seed,
+                                   num_replicas=trainer.world_size if trainer is not None else 1,
+                                   rank=trainer.global_rank if trainer is not None else 0)
+        return ResumableLoader(dataset, batch_size=self.batch_size, sampler=sampler,
+                               drop_last=len(sampler) > self.batch_size, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import to_absolute_path
 import torch
 from torch.utils.data import Dataset
 
 from .. import validation as v
 from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
+from .resumable import ResumablePosition, ResumableSampler
 
 
 class TokenWindows(Dataset):
@@ -35,34 +37,34 @@ class TokenWindows(Dataset):
         return Batch(windows[:, :-1], None, windows[:, 1:])
 
 
-class DeviceTokenBatches:
+class DeviceTokenBatches(ResumablePosition):
     """Training batches cut on the GPU from a copy of the token stream kept there (4 bytes a character:
-    Shakespeare's works take 20 MB): per step one slice of a random permutation and one gather, with no
+    Shakespeare's works take 20 MB): per step one slice of the epoch's order and one gather, with no
     host-to-device copy and no Python per window.
 
-    Shuffled as a DataLoader with ``shuffle=True, drop_last=True`` over :class:`TokenWindows` would be: a
-    new permutation of the windows each epoch, drawn from a generator seeded with ``seed + epoch``. Under
-    DDP each process takes every ``world_size``-th window of the permutation.
+    The windows come in the order of ``sampler`` (a :class:`~lltm_train.data.resumable.ResumableSampler`
+    over the windows: a permutation per epoch drawn from ``seed + epoch``; under DDP every
+    ``world_size``-th window), copied to the device once an epoch; only whole batches are used. Its
+    position is saved in checkpoints, as a :class:`~lltm_train.data.resumable.ResumableLoader`'s is.
     """
 
-    def __init__(self, windows: TokenWindows, batch_size: int, device: torch.device, seed: int, rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(self, windows: TokenWindows, batch_size: int, device: torch.device,
+                 sampler: ResumableSampler) -> None:
         self.tokens = windows.tokens.to(device)
-        self.seq_len, self.batch_size, self.device = windows.seq_len, batch_size, device
-        self.windows, self.seed, self.rank, self.world_size = len(windows), seed, rank, world_size
+        self.seq_len, self.batch_size, self.device, self.sampler = windows.seq_len, batch_size, device, sampler
         self.offsets = torch.arange(windows.seq_len + 1, device=device)
-        self.epoch = 0
 
     def __len__(self) -> int:
-        return (self.windows // self.world_size) // self.batch_size
+        return len(self.sampler) // self.batch_size
 
     def __iter__(self):
-        generator = torch.Generator(device=self.device).manual_seed(self.seed + self.epoch)
-        self.epoch += 1
-        order = torch.randperm(self.windows, device=self.device, generator=generator)[self.rank :: self.world_size]
-        starts = order[: len(self) * self.batch_size].view(len(self), self.batch_size, 1) * self.seq_len
-        for k in range(len(self)):
+        self._start_epoch()
+        order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device, non_blocking=True)
+        batches = len(order) // self.batch_size
+        starts = order[: batches * self.batch_size].view(batches, self.batch_size, 1) * self.seq_len
+        for k in range(batches):
             windows = self.tokens[starts[k] + self.offsets].long()
+            self.sampler.position += 1
             yield Batch(windows[:, :-1], None, windows[:, 1:])
 
 
@@ -95,7 +97,8 @@ class TextDataModule(SequenceDataModule):
         self.encoding = encoding
         if path is None and type(self) is TextDataModule:
             raise ValueError(f"{owner}: dataset.path is required: the text file to train on")
-        self.path = None if path is None else Path(path).expanduser().resolve()
+        # relative to where the command ran, also when Hydra runs the job in its run directory (hydra.job.chdir)
+        self.path = None if path is None else Path(to_absolute_path(str(Path(path).expanduser()))).resolve()
         if self.path is not None and self.path.is_dir():
             raise IsADirectoryError(f"{owner}: dataset.path={path!r} is a directory ({self.path}); give a text file")
         if self.path is not None and not self.path.is_file():
@@ -150,8 +153,9 @@ class TextDataModule(SequenceDataModule):
         device = trainer.strategy.root_device if trainer is not None else None
         if device is None or device.type != "cuda" or self.num_workers > 0 or self.train_set is None:
             return super().train_dataloader()
-        return DeviceTokenBatches(self.train_set, self.batch_size, device, seed=torch.initial_seed() % 2**32,
-                                  rank=trainer.global_rank, world_size=trainer.world_size)
+        sampler = ResumableSampler(self.train_set, self.batch_size, seed=torch.initial_seed() % 2**32,
+                                   num_replicas=trainer.world_size, rank=trainer.global_rank)
+        return DeviceTokenBatches(self.train_set, self.batch_size, device, sampler)
 
     def encode(self, text: str) -> list[int]:
         index = {ch: i for i, ch in enumerate(self.vocab)}

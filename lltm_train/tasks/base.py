@@ -46,6 +46,7 @@ class LLTMTask(L.LightningModule, ABC):
         self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
         self._skipped: Tensor | None = None  # on the device: steps whose gradients were not all finite
         self._skipped_reported = 0  # ... as of the last logging step
+        self._skipped_before = 0  # ... in the run this one resumed
         self._check_skipped = False
         self.optimizer_factory = optimizer or (lambda params: torch.optim.AdamW(params, lr=3e-3))
         self.scheduler_factory = scheduler
@@ -128,7 +129,7 @@ class LLTMTask(L.LightningModule, ABC):
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if not self._check_skipped or self._skipped is None:
             return
-        skipped = int(self._skipped)  # a logging step: this one synchronisation is shared with the logs
+        skipped = self._skipped_before + int(self._skipped)  # a logging step: this synchronisation is shared with the logs
         self.log("train/skipped_steps", float(skipped), on_step=True, on_epoch=False)
         if skipped > self._skipped_reported and self.nonfinite == "stop":
             raise NonFiniteError(
@@ -141,6 +142,34 @@ class LLTMTask(L.LightningModule, ABC):
         if not all(torch.isfinite(p).all() for p in self.parameters()):
             raise NonFiniteError("the weights are no longer finite; not saving them in a checkpoint (resume from an "
                                  "earlier one with ckpt_path=<file>)")
+        # What a resumed run needs to draw the same dropout masks and go on counting: the random states
+        # (the data order has its own seeds, see lltm_train.data.resumable).
+        checkpoint["lltm_train"] = {
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "skipped_steps": self._skipped_before + (int(self._skipped) if self._skipped is not None else 0),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._resumed_state = checkpoint.get("lltm_train")  # applied when training starts: see on_train_start
+        self._skipped_before = self._skipped_reported = int((self._resumed_state or {}).get("skipped_steps", 0))
+
+    def on_train_start(self) -> None:
+        state = getattr(self, "_resumed_state", None)
+        if state is None:
+            return
+        self._resumed_state = None
+        # After Lightning made its loaders and ran any sanity check, just before the first resumed step.
+        torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] and torch.cuda.is_available() and len(state["rng_cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+        # A run extended past its old end (a larger max_steps) goes on with the learning rate of its new
+        # schedule at this step: the restored optimiser holds the old schedule's last value (0 at its end).
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                    group["lr"] = base * factor(scheduler.last_epoch)
 
     @staticmethod
     def count(batch: Batch) -> tuple[int, int]:

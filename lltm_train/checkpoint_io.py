@@ -1,0 +1,41 @@
+"""Checkpoint files written whole: a kill or a full disk during a write leaves the previous file as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from fsspec.implementations.local import LocalFileSystem
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO``, except that a checkpoint on a local disk is written to a temporary
+    file beside its destination, flushed to the disk (``fsync``) and renamed over it (``os.replace``, atomic
+    on POSIX), then the directory entry is flushed too. Lightning's own writer stages the file in the system
+    temporary directory, whence a move to another file system is a copy that a kill can cut short, and it
+    does not fsync. Other file systems (``s3://`` ...) are left to Lightning.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power cut
+        finally:
+            os.close(directory)
