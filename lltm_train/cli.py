@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import traceback
+from datetime import datetime
 from pathlib import Path
 
 import hydra
@@ -46,7 +47,14 @@ def _swept_settings() -> str:
     return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
 
 
+def _config_subdir(ckpt_path: str | None) -> str:
+    """Where Hydra records a job's config: ``.hydra`` for a new run; a resume gets its own
+    ``.hydra/resume_<date_time>``, so that the first run's record (which a resume must match) is kept."""
+    return ".hydra" if ckpt_path is None else f".hydra/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+
+
 OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
+OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")

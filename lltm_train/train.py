@@ -151,8 +151,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if _needs_final_validation(trainer, task):
         trainer.validate(task, datamodule=datamodule, verbose=False)
     if cfg.test:
-        best = trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
-        trainer.test(task, datamodule=datamodule, ckpt_path="best" if best else None)
+        # The best checkpoint, if it is still on disk (a resume from another run's file inherits that run's
+        # best path, which may be gone); else the weights at the end of training.
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if best and not Path(best).is_file():
+            log.warning(f"lltm-train: the best checkpoint {best} is gone; testing the final weights")
+            best = ""
+        trainer.test(task, datamodule=datamodule, ckpt_path=best or None)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics:
         for logger in trainer.loggers:  # the figure TensorBoard's hparams view shows beside the config

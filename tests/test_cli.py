@@ -132,6 +132,18 @@ def test_relative_paths_resolve_against_the_directory_the_command_ran_in(tmp_pat
     assert torch.load(tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
 
 
+def test_a_resume_keeps_the_first_runs_config_record(tmp_path):
+    """A resume (refused here: other model settings) records its config beside the first run's, which the
+    error message points to, instead of over it."""
+    first = lltm_train(tmp_path, *TINY, "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = lltm_train(tmp_path, *TINY, "model.hidden_size=16", "hydra.run.dir=run", "ckpt_path=last")
+    assert refused.returncode == 2 and "its .hydra/config.yaml" in refused.stderr
+    assert "hidden_size: 8" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
+    resumes = list((tmp_path / "run" / ".hydra").glob("resume_*/config.yaml"))
+    assert len(resumes) == 1 and "hidden_size: 16" in resumes[0].read_text()
+
+
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):
     """backend=cuda fails on a CPU trainer; the cpp and python jobs still run. Many fixed overrides (and a path
     with a slash) once made the job directory's name too long, or nested it."""

@@ -172,6 +172,28 @@ def test_validation_counts_optimiser_steps_under_gradient_accumulation(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["best-step8.ckpt", "last.ckpt"]
 
 
+def test_test_split_is_evaluated_with_the_best_checkpoint_even_when_it_is_gone(tmp_path, caplog):
+    common = ["dataset=adding", *SMALL["adding"], "dataset.test_size=16", "trainer.max_steps=4", "trainer.val_check_interval=2",
+              "test=true"]
+    metrics = train(make_cfg(tmp_path / "a", *common))
+    best = next((tmp_path / "a" / "checkpoints").glob("best-*.ckpt"))
+    assert metrics["test/loss"] > 0 and "test/loss" in scalar_tags(tmp_path / "a")
+    # a new run (validating nothing) from the first one's last checkpoint inherits its best path, deleted since
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    best.unlink()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lltm_train"):
+        metrics = train(make_cfg(tmp_path / "b", *common, "trainer.max_steps=6", "trainer.limit_val_batches=0",
+                                 f"ckpt_path={last}"))
+    assert metrics["test/loss"] > 0 and f"the best checkpoint {best} is gone; testing the final weights" in caplog.text
+
+
+def scalar_tags(run_dir):
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return acc.Tags()["scalars"]
+
+
 def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
     metrics = train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8",
                              "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
