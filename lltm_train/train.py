@@ -87,7 +87,8 @@ def _prepare(cfg: DictConfig):
     datamodule.setup("fit")
     _check_kind(cfg, datamodule)
     spec = datamodule.task  # the model group's LightningModule, given the data set's sizes:
-    task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss)
+    stateful = {"stateful": True} if spec.stateful else {}  # only token data sets are read as streams
+    task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
     resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None

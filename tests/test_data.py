@@ -253,3 +253,31 @@ def test_a_data_position_from_other_data_is_refused_or_restarts_the_epoch():
     with pytest.warns(UserWarning, match="batches of 4 over 99 samples, this run has batches of 8 over 99"):
         loader.load_state_dict({"epoch": 2, "batches": 5, "batch_size": 4, "samples": 99})
     assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["batches"] == 0
+
+
+def test_token_streams_read_each_row_as_one_contiguous_stream():
+    from lltm_train.data.text import TokenStreams
+
+    tokens = torch.arange(1000, dtype=torch.int32)
+    streams = TokenStreams(tokens, rows=4, seq_len=10)  # rows of 250 tokens: 24 windows of 10 (+1 target)
+    assert len(streams) == 24
+    rows = torch.cat([streams[k].x for k in range(len(streams))], 1)
+    assert torch.equal(rows, torch.arange(1000).view(4, 250)[:, :240])
+    assert all(torch.equal(streams[k].y, streams[k].x + 1) for k in range(len(streams)))
+    with pytest.raises(IndexError):
+        streams[24]
+    shares = [TokenStreams(tokens, rows=2, seq_len=10, rank=r, world_size=2) for r in (0, 1)]
+    assert torch.equal(torch.cat([s.streams for s in shares]), torch.arange(1000).view(4, 250))  # disjoint, all of it
+    with pytest.raises(ValueError, match="too few for 8 streams of more than seq_len=200 tokens"):
+        TokenStreams(tokens, rows=8, seq_len=200)
+
+
+def test_a_stateful_text_module_gives_stream_windows_in_order(tmp_path):
+    (tmp_path / "t.txt").write_text("".join(chr(97 + (i * 7) % 26) for i in range(6000)))
+    dm = TextDataModule(str(tmp_path / "t.txt"), seq_len=16, batch_size=4, stateful=True)
+    dm.setup("fit")
+    assert dm.task.stateful
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        batches = list(loader)
+        assert len(batches) == len(loader) > 1 and all(b.x.shape == (4, 16) for b in batches)
+        assert all(torch.equal(b.x[:, 0], a.y[:, -1]) for a, b in zip(batches, batches[1:]))

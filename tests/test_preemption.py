@@ -126,20 +126,30 @@ EXACT = ["dataset=adding", "dataset.seq_len=10", "dataset.train_size=640", "data
          "trainer.deterministic=true", "trainer.accelerator=cpu", "hydra.run.dir=run"]
 
 
-@pytest.mark.parametrize("killed_at, resumed_from", [(23, 20), (43, 40)], ids=["mid-epoch", "at an epoch's end"])
-def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, killed_at, resumed_from):
+# A language model reading its text as streams, carrying its state from batch to batch (truncated BPTT).
+STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "dataset.stateful=true", "model.hidden_size=8",
+           "model.embedding_dim=4", "model.num_layers=2", "model.dropout=0.25", "model.sample_length=0",
+           *EXACT[EXACT.index("trainer.log_every_n_steps=1"):]]
+
+
+@pytest.mark.parametrize("settings, killed_at, resumed_from", [(EXACT, 23, 20), (EXACT, 43, 40), (STREAMS, 23, 20)],
+                         ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch"])
+def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, settings, killed_at, resumed_from):
     """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
-    the uninterrupted run did: the same loss at every step and the same final weights, bit for bit (CPU,
-    trainer.deterministic=true); TensorBoard has one point a step."""
+    the uninterrupted run did (and carries the state it carried): the same loss at every step and the same
+    final weights, bit for bit (CPU, trainer.deterministic=true); TensorBoard has one point a step."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    whole = run(tmp_path / "a", *EXACT)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(chr(97 + (i * i + 3 * i) % 26) + ("." if i % 9 == 0 else " ") for i in range(12000)))
+    settings = [*settings, f"dataset.path={text}"] if settings is STREAMS else settings
+    whole = run(tmp_path / "a", *settings)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = run(tmp_path / "b", *EXACT, "+callbacks.kill._target_=test_preemption.SigkillAt", f"+callbacks.kill.step={killed_at}")
+    killed = run(tmp_path / "b", *settings, "+callbacks.kill._target_=test_preemption.SigkillAt", f"+callbacks.kill.step={killed_at}")
     assert killed.returncode == -signal.SIGKILL
     last = tmp_path / "b" / "run" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == resumed_from
-    resumed = run(tmp_path / "b", *EXACT, "ckpt_path=last")
+    resumed = run(tmp_path / "b", *settings, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     def losses(directory):

@@ -337,3 +337,31 @@ def test_a_negative_clip_value_never_flips_the_gradients():
     task.configure_gradient_clipping(None, gradient_clip_val=-1.0, gradient_clip_algorithm="norm")
     for b, p in zip(before, (p for p in task.net.parameters() if p.grad is not None)):
         assert torch.equal(b, p.grad)
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_a_stateful_language_model_carries_its_state_as_one_forward_over_the_joined_windows(backend):
+    """Truncated BPTT: over consecutive windows of TokenStreams, the state carried from batch to batch and
+    each window's logits equal those of one forward pass over the windows joined; a new epoch starts from zeros."""
+    from lltm_train.data.text import TokenStreams
+
+    torch.manual_seed(0)
+    task = lm_task(vocab=11, stateful=True, backend=backend, num_layers=2)
+    streams = TokenStreams(torch.randint(0, 11, (3 * 61,), dtype=torch.int32), rows=3, seq_len=7)
+    windows = [streams[k] for k in range(len(streams))]  # 8 windows of 7 steps, 3 rows
+    assert len(windows) == 8 and all(torch.equal(b.x[:, 0], a.y[:, -1]) for a, b in zip(windows, windows[1:]))
+    losses = []
+    with torch.no_grad():
+        for k, batch in enumerate(windows):
+            task.on_train_batch_start(batch, k)
+            assert ("train" in task._carried) == (k > 0)
+            losses.append(task.step(batch, "train"))
+        joined_logits, joined_state = task.net(torch.cat([w.x for w in windows], 1).t())
+    state = task._carried["train"]
+    expected = [F.cross_entropy(joined_logits[7 * k : 7 * k + 7].reshape(-1, 11), w.y.t().reshape(-1))
+                for k, w in enumerate(windows)]
+    torch.testing.assert_close(torch.stack(losses), torch.stack(expected), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state[0], joined_state[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state[1], joined_state[1], rtol=1e-5, atol=1e-5)
+    task.on_train_batch_start(windows[0], 0)
+    assert "train" not in task._carried  # the next epoch starts from zeros

@@ -38,6 +38,9 @@ class TaskSpec:
     baseline_loss: the validation loss of a known trivial predictor, logged beside the real one.
     scale: units of the targets per unit of the model's output (standardised regression targets).
     encode, decode: text <-> token ids, for data sets of text (None otherwise).
+    stateful: the batches of each split are consecutive windows of ``batch_size`` token streams (row ``i``
+        of a batch goes on where row ``i`` of the one before ended), so the model may carry its state from
+        one batch to the next (truncated backpropagation through time).
     """
 
     kind: str
@@ -47,6 +50,7 @@ class TaskSpec:
     scale: float = 1.0
     encode: Callable[[str], list[int]] | None = None
     decode: Callable[[list[int]], str] | None = None
+    stateful: bool = False
 
 
 def package_data_dir(module: str, pip_spec: str) -> Path:

