@@ -99,6 +99,34 @@ def test_jit_build_takes_a_lock_and_clears_a_stale_one(tmp_path, monkeypatch):
     assert [p.rsplit("/", 1)[-1] for p in calls[0]["sources"]] == ["lltm.cpp", "lltm_autograd.cpp", "lltm_cpu.cpp"]
 
 
+def test_jit_build_is_announced_only_when_something_needs_compiling(tmp_path, monkeypatch, capsys):
+    """Loading an up-to-date JIT build must not claim to compile (and ask the user to wait) every run."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(_extension, "_ROOT", tmp_path)
+    monkeypatch.setattr(_extension, "_CSRC", tmp_path / "csrc")
+    (tmp_path / "csrc").mkdir()
+    source = tmp_path / "csrc" / "lltm.cpp"
+    source.write_text("// stand-in")
+    build_dir = _extension._build_dir(with_cuda=False)
+    built = build_dir / "lltm_train_C.so"
+
+    def fake_load(**kwargs):
+        built.write_text("")  # what a build leaves
+
+    monkeypatch.setattr(_extension, "_cuda_build_possible", lambda: False)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    _extension._build_just_in_time()
+    assert "compiling the C++ extension" in capsys.readouterr().err
+    _extension._build_just_in_time()
+    assert "compiling" not in capsys.readouterr().err
+    os.utime(source, (built.stat().st_mtime + 10,) * 2)  # a source edited after the build
+    _extension._build_just_in_time()
+    assert "compiling the C++ extension" in capsys.readouterr().err
+
+
 def test_missing_sources_and_module_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_extension, "_CSRC", tmp_path / "nothing-here")
     with pytest.raises(RuntimeError, match="pip install --no-build-isolation"):

@@ -58,12 +58,16 @@ def _build_just_in_time() -> None:
         # cpp_extension's own lock file outlives a killed build and would block every later one;
         # holding our lock means nobody else is building, so any such file is stale.
         (build_dir / "lock").unlink(missing_ok=True)
-        print(
-            f"lltm_train: compiling the {'C++/CUDA' if with_cuda else 'C++'} extension into {build_dir} "
-            "(first use only; about a minute)",
-            file=sys.stderr,
-            flush=True,
-        )
+        built = build_dir / "lltm_train_C.so"
+        newest_source = max(f.stat().st_mtime for f in _CSRC.iterdir())
+        # ninja rebuilds only what changed: announce a build only when there is one to wait for
+        if not built.exists() or built.stat().st_mtime < newest_source:
+            print(
+                f"lltm_train: compiling the {'C++/CUDA' if with_cuda else 'C++'} extension into {build_dir} "
+                "(first use only; about a minute)",
+                file=sys.stderr,
+                flush=True,
+            )
         cpp_extension.load(
             name="lltm_train_C",
             sources=[str(s) for s in sources],
