@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -12,15 +14,30 @@ from .config import ConfigError
 from .data import SequenceDataModule
 from .tasks import LLTMTask
 
+log = logging.getLogger("lltm_train")
 
-def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
+
+def slurm_requeued() -> bool:
+    """Whether this process runs a SLURM job that was requeued (after preemption, or by submitit near the
+    job's time limit): SLURM counts the restarts in ``SLURM_RESTART_COUNT``."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    except ValueError:
+        return False
+
+
+def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bool = False) -> str | None:
     """The checkpoint to resume from (``ckpt_path``: None, ``"last"`` or a file); refuses to start afresh
-    over an earlier run's checkpoints.
+    over an earlier run's checkpoints, except that a ``requeued`` job (see :func:`slurm_requeued`) goes on
+    from the newest readable one, as ``ckpt_path=last`` would.
 
     Raises:
         ConfigError: no checkpoint where one was asked for, or checkpoints where none was.
     """
     existing = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if ckpt_path is None and requeued and existing:
+        log.info(f"lltm-train: a requeued job: resuming from the newest checkpoint in {checkpoint_dir}")
+        ckpt_path = "last"
     if ckpt_path is None:
         if existing:
             raise ConfigError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it with ckpt_path=last, "

@@ -22,7 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, InstantiationException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import ConfigError, config_dir
@@ -32,19 +32,26 @@ _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointE
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
 _failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs
+_SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
 
 def _swept_settings() -> str:
     """The job's value of each setting the sweep varies (those given as a,b,... or range/choice/glob on the
     command line), as a short directory name: ``backend=cpp_model.hidden_size=128``."""
-    swept = set()
-    for arg in sys.argv[1:]:
-        key, _, value = arg.partition("=")
-        if value and ("," in value or re.match(r"(range|choice|glob|interval)\(", value)):
-            swept.add(key.lstrip("+~"))
+    swept = set(filter(None, os.environ.get(_SWEPT_KEYS, "").split(","))) if _SWEPT_KEYS in os.environ else _swept_keys(sys.argv)
     task = HydraConfig.get().overrides.task
     parts = [o.lstrip("+~") for o in task if o.lstrip("+~").partition("=")[0] in swept]
     return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
+
+
+def _swept_keys(argv: list[str]) -> set[str]:
+    """The keys a sweep's command line varies: those given as a,b,... or range/choice/glob/interval."""
+    swept = set()
+    for arg in argv[1:]:
+        key, _, value = arg.partition("=")
+        if value and ("," in value or re.match(r"(range|choice|glob|interval)\(", value)):
+            swept.add(key.lstrip("+~"))
+    return swept
 
 
 def _config_subdir(ckpt_path: str | None) -> str:
@@ -64,6 +71,8 @@ def _run(cfg: DictConfig) -> float | None:
     global _job_started
     _job_started = True
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    argv, environ = sys.argv, dict(os.environ)
+    _pin_job_for_ddp_processes()
     try:
         return train(cfg).get("val/loss")  # what a sweeper would minimise
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
@@ -77,7 +86,38 @@ def _run(cfg: DictConfig) -> float | None:
         if not in_sweep or not _one_line_errors:
             raise
         return _record_failed_job(Path(cfg.paths.output_dir), exc, f"{type(exc).__name__}: {one_line(exc)}")
+    finally:
+        # Lightning's DDP launcher leaves LOCAL_RANK, WORLD_SIZE, ... in this process's environment, from
+        # which the sweep's next job would conclude that its processes were started for it, and wait for them.
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        _end_process_group()
     return None
+
+
+def _end_process_group() -> None:
+    """Ends a job's DDP process group, whose other processes have exited: the sweep's next job would
+    otherwise reuse it and wait on them."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _pin_job_for_ddp_processes() -> None:
+    """Makes the command that Lightning re-runs for DDP's other processes (``sys.argv`` plus
+    ``hydra.run.dir=<run.dir>``) run this very job in this job's directory.
+
+    Without this, a sweep's job would start the whole sweep again in every other process (the command line
+    has ``-m`` and the swept lists), and ``run.dir``, which is not the job's directory in a sweep and holds
+    ``${now:...}``, would send the other processes' files to another, new ``outputs/`` folder."""
+    if "LOCAL_RANK" in os.environ:  # one of those processes itself
+        return
+    hydra_cfg = HydraConfig.get()
+    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task]
+    with read_write(hydra_cfg):
+        hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
 
 
 def _record_failed_job(job_dir: Path, exc: BaseException, message: str) -> None:
@@ -133,6 +173,8 @@ def _sweep_group_settings(argv: list[str]) -> list[str]:
 
 def main() -> None:
     sys.argv = _sweep_group_settings(sys.argv)
+    # for jobs that run in other processes (hydra/launcher=slurm or local), which have other command lines
+    os.environ[_SWEPT_KEYS] = ",".join(sorted(_swept_keys(sys.argv)))
     # With HYDRA_FULL_ERROR set, Hydra raises its composition errors instead of printing them, so they can
     # be reported here in one line; a user who sets it gets Hydra's full report instead.
     global _one_line_errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from pathlib import Path
 
@@ -36,7 +37,18 @@ def _hints(target) -> tuple[dict, bool]:
         hints = own | hints
         if not takes_kwargs or cls.__init__ is object.__init__:
             return hints, takes_kwargs
+        if not _passes_kwargs_to_base(cls.__init__):  # e.g. Lightning's DDPStrategy: **kwargs go to DDP
+            return hints, True
     return hints, True
+
+
+def _passes_kwargs_to_base(init) -> bool:
+    """Whether an ``__init__`` hands its **kwargs to ``super().__init__`` (True when its source is unknown)."""
+    try:
+        source = inspect.getsource(init)
+    except (OSError, TypeError):
+        return True
+    return re.search(r"super\(\)\.__init__\([^)]*\*\*\w+", source) is not None
 
 
 def _signature_hints(fn) -> tuple[dict, bool]:

@@ -15,9 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from .backends import resolve_backend
 from .callbacks import Throughput
-from .checkpoints import check_fits, resolve_checkpoint
+from .checkpoints import check_fits, resolve_checkpoint, slurm_requeued
 from .config import ConfigError, check_config
 from .data import SequenceDataModule
+from .strategies import DDPStrategy
 from .tasks import LLTMTask
 
 log = logging.getLogger("lltm_train")
@@ -78,6 +79,18 @@ def _batches_per_step(trainer_cfg: DictConfig) -> dict:
     return {}
 
 
+def _strategy(trainer_cfg: DictConfig) -> dict:
+    """``trainer.strategy=ddp``, and ``auto`` with more than one device or node, is
+    :class:`lltm_train.strategies.DDPStrategy` (Lightning's, with the model wrapped on the training stream);
+    any other name, or a ``_target_`` node, goes to Lightning as it is."""
+    strategy, devices, nodes = (trainer_cfg.get(k) for k in ("strategy", "devices", "num_nodes"))
+    several = (isinstance(devices, int) and devices > 1) or (isinstance(nodes, int) and nodes > 1)
+    if not (strategy == "ddp" or (strategy == "auto" and several)):
+        return {}
+    # DDP's static graph fails an internal assertion under no_sync, which gradient accumulation uses
+    return {"strategy": DDPStrategy(static_graph=(trainer_cfg.get("accumulate_grad_batches") or 1) == 1)}
+
+
 def _prepare(cfg: DictConfig):
     """Everything before training; any error here is a configuration error, reported before a step runs."""
     check_config(cfg)
@@ -90,14 +103,15 @@ def _prepare(cfg: DictConfig):
     stateful = {"stateful": True} if spec.stateful else {}  # only token data sets are read as streams
     task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
-    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints")
+    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints", requeued=slurm_requeued())
     resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
     logger = instantiate(cfg.logger, **_logger_resume_args(cfg.logger, resumed_step)) if cfg.logger else False
     if logger is not False and not isinstance(logger, Logger):
         raise ConfigError(f"logger: {type(logger).__module__}.{type(logger).__qualname__} is not a Lightning logger")
     if not logger:  # the learning-rate monitor has nothing to write to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer))
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer),
+                                     **_strategy(cfg.trainer))
     _check_run(cfg, trainer, task)
     if cfg.backend == "cuda" and not torch.cuda.is_available():
         raise ConfigError("backend=cuda needs a CUDA device and none is visible (torch.cuda.is_available() is False); "

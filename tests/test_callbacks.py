@@ -63,7 +63,8 @@ def fit(tmp_path, throughput, max_steps, log_every_n_steps=2, **kwargs):
 
 
 def window_figures(row):
-    return {k: float(row[k]) for k in ("throughput/tokens_per_s", "throughput/samples_per_s", "throughput/step_ms")}
+    return {k: float(row[k]) for k in ("throughput/tokens_per_s", "throughput/tokens_per_s_per_device",
+                                       "throughput/samples_per_s", "throughput/step_ms")}
 
 
 def test_no_average_before_the_first_window():
@@ -90,6 +91,7 @@ def test_windows_of_the_trainers_logging_steps(tmp_path):
         window = batches[2 * w : 2 * w + 2]
         seconds = f["throughput/step_ms"] * 2 / 1000
         assert f["throughput/tokens_per_s"] > 0 and math.isfinite(f["throughput/tokens_per_s"])
+        assert f["throughput/tokens_per_s_per_device"] == f["throughput/tokens_per_s"]  # one process
         assert f["throughput/tokens_per_s"] * seconds == pytest.approx(sum(t for _, t, _ in window), rel=1e-4)
         assert f["throughput/samples_per_s"] * seconds == pytest.approx(2 * BATCH, rel=1e-4)
     assert "memory/peak_cuda_mib" not in rows[0]  # CPU run

@@ -250,9 +250,40 @@ def test_a_data_position_from_other_data_is_refused_or_restarts_the_epoch():
     loader = ResumableLoader(windows, batch_size=8, sampler=ResumableSampler(windows, 8), drop_last=True)
     with pytest.raises(ValueError, match="not a data position"):
         loader.load_state_dict({"epoch": -1, "batches": 3})
-    with pytest.warns(UserWarning, match="batches of 4 over 99 samples, this run has batches of 8 over 99"):
-        loader.load_state_dict({"epoch": 2, "batches": 5, "batch_size": 4, "samples": 99})
+    with pytest.warns(UserWarning, match="batches of 4 on 1 process.* over 99 samples each, this run has batches of 8 on 1 over 99"):
+        loader.load_state_dict({"epoch": 2, "batches": 5, "batch_size": 4, "samples": 99})  # no data set size
     assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["batches"] == 0
+    with pytest.warns(UserWarning, match="starts again"):  # 5 batches of 4 end inside a batch of 8
+        loader.load_state_dict({"epoch": 2, "batches": 5, "batch_size": 4, "samples": 99, "dataset_size": 99})
+    with pytest.warns(UserWarning, match="starts again"):  # another data set
+        loader.load_state_dict({"epoch": 2, "batches": 4, "batch_size": 4, "samples": 50, "dataset_size": 50})
+
+
+@pytest.mark.parametrize("saved_world, saved_batch, world, batch", [(1, 8, 2, 4), (1, 8, 2, 8), (2, 4, 1, 8), (2, 4, 3, 4)])
+def test_a_data_position_carries_over_to_another_number_of_processes(saved_world, saved_batch, world, batch):
+    """A run resumed on another number of processes (or batch size) trains on the rest of the epoch's order:
+    every sample the saved run had not reached, none it had (batch boundaries permitting)."""
+    from lltm_train.data.resumable import ResumableLoader, ResumableSampler
+
+    data = list(range(240))
+    def loaders(n, b):
+        return [ResumableLoader(data, batch_size=b, sampler=ResumableSampler(data, b, seed=7, num_replicas=n, rank=r),
+                                drop_last=True) for r in range(n)]
+
+    saved = loaders(saved_world, saved_batch)
+    trained = set()
+    for loader in saved:
+        it = iter(loader)
+        for _ in range(6):
+            trained.update(next(it).tolist())
+    state = saved[0].state_dict()
+    resumed = loaders(world, batch)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    rest = [i for loader in resumed for b in loader for i in b.tolist()]
+    usable = 240 // (world * batch) * world * batch  # what whole batches of the new layout cover
+    assert len(trained) == 6 * saved_world * saved_batch
+    assert not trained & set(rest) and len(rest) == len(set(rest)) == usable - len(trained)
 
 
 def test_token_streams_read_each_row_as_one_contiguous_stream():

@@ -205,3 +205,16 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newe
     best.write_bytes(b"")
     with pytest.raises(ConfigError, match="ckpt_path=last: no readable checkpoint in"):
         _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))
+
+
+def test_the_resume_advice_quotes_a_sweep_jobs_folder_for_hydra_and_the_shell(tmp_path):
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lltm_train.callbacks.stop import run_dir_override
+
+    for run_dir in (tmp_path / "outputs" / "adding" / "2026-11-30_10-00-00", tmp_path / "multirun" / "x" / "0_backend=cpp,lr=1e-3"):
+        [arg] = shlex.split(run_dir_override(run_dir))  # what the shell hands the command
+        [override] = OverridesParser.create().parse_overrides([arg])
+        assert override.key_or_group == "hydra.run.dir" and override.value() == str(run_dir)

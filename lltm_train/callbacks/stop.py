@@ -3,6 +3,7 @@ non-finite loss or gradient."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -69,7 +70,7 @@ class StopCheckpoint(Callback):
             if self.saved is None:
                 self._save(trainer, pl_module)
             where = f"the state after step {trainer.global_step} is in {self.saved}" if self.saved else "nothing was saved"
-            _say(f"lltm-train: stopped by {self.received}; {where}; resume with hydra.run.dir={self.path.parent.parent} "
+            _say(f"lltm-train: stopped by {self.received}; {where}; resume with {run_dir_override(self.path.parent.parent)} "
                  "ckpt_path=last")
             exception.code = EXIT_CODES[self.received]  # the exit status a scheduler reads
         elif isinstance(exception, NonFiniteError) and self.saved is None:
@@ -86,6 +87,13 @@ class StopCheckpoint(Callback):
         if all(torch.isfinite(p).all() for p in pl_module.parameters()):
             trainer.save_checkpoint(self.path)
             self.saved = self.path
+
+
+def run_dir_override(run_dir: Path) -> str:
+    """``hydra.run.dir=<run_dir>`` as a shell argument: quoted for Hydra (and the quotes for the shell) when
+    the path has characters Hydra's override grammar reads, such as the ``=`` of a sweep job's folder."""
+    text = str(run_dir)
+    return f"hydra.run.dir={text}" if re.fullmatch(r"[\w./:+-]+", text) else f"\"hydra.run.dir='{text}'\""
 
 
 @rank_zero_only

@@ -12,9 +12,10 @@ from lightning.pytorch.callbacks import Callback
 class Throughput(Callback):
     """Logs, every ``log_every_n_steps`` training steps (default: the Trainer's), averaged over those steps:
 
-    - ``throughput/tokens_per_s``: time steps (tokens) processed per second, padding excluded; also ``tok/s``
-      on the progress bar;
-    - ``throughput/samples_per_s``: sequences per second;
+    - ``throughput/tokens_per_s``: time steps (tokens) processed per second, padding excluded, by all the
+      processes of a DDP run together; also ``tok/s`` on the progress bar;
+    - ``throughput/tokens_per_s_per_device``: the same divided by the number of processes (devices);
+    - ``throughput/samples_per_s``: sequences per second, all processes together;
     - ``throughput/step_ms``: wall time per training step (forward, backward, optimiser, data loading);
     - ``memory/peak_cuda_mib``: peak CUDA memory allocated since the start, MiB (CUDA devices only).
 
@@ -57,12 +58,19 @@ class Throughput(Callback):
             return
         self._sync(pl_module)
         elapsed = time.perf_counter() - self._start
+        tokens, samples, world = self._tokens, self._samples, trainer.world_size
+        if world > 1:
+            # every process is at this step (a logging step): one collective adds up their windows
+            counts = torch.tensor([tokens, samples, elapsed], dtype=torch.float64, device=pl_module.device)
+            counts = trainer.strategy.reduce(counts, reduce_op="sum")
+            tokens, samples, elapsed = int(counts[0]), int(counts[1]), float(counts[2]) / world
         figures = {
-            "throughput/tokens_per_s": self._tokens / elapsed,
-            "throughput/samples_per_s": self._samples / elapsed,
+            "throughput/tokens_per_s": tokens / elapsed,
+            "throughput/tokens_per_s_per_device": tokens / elapsed / world,
+            "throughput/samples_per_s": samples / elapsed,
             "throughput/step_ms": 1000 * elapsed / self._steps,
         }
-        self.run_tokens += self._tokens
+        self.run_tokens += tokens
         self.run_seconds += elapsed
         if pl_module.device.type == "cuda":
             figures["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import lightning as L
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -107,8 +108,9 @@ class SequenceDataModule(L.LightningDataModule, ABC):
 
     def _loader(self, dataset: Dataset | None, shuffle: bool) -> DataLoader:
         """Training (``shuffle=True``): a :class:`~lltm_train.data.resumable.ResumableLoader`, whose epoch
-        order follows from the run's seed and whose position checkpoints keep. Evaluation: in order. No loader
-        draws from the global random state."""
+        order follows from the run's seed and whose position checkpoints keep. Evaluation: in order; under
+        DDP each process takes every ``world_size``-th sample, with no repeats. No loader draws from the
+        global random state."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for data loaders")
         trainer = getattr(self, "trainer", None)
@@ -122,7 +124,13 @@ class SequenceDataModule(L.LightningDataModule, ABC):
             generator=loader_generator(seed),
         )
         if not shuffle:
-            return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **common)
+            sampler = None
+            if trainer is not None and trainer.world_size > 1:
+                # Each process evaluates every world_size-th sample, none twice: Lightning's default
+                # DistributedSampler would pad the split with repeats, which then count in the metrics.
+                sampler = UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size,
+                                                       rank=trainer.global_rank, shuffle=False)
+            return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, **common)
         sampler = ResumableSampler(dataset, self.batch_size, seed=seed,
                                    num_replicas=trainer.world_size if trainer is not None else 1,
                                    rank=trainer.global_rank if trainer is not None else 0)

@@ -48,13 +48,18 @@ class ResumablePosition:
     sampler: ResumableSampler
 
     def state_dict(self) -> dict:
-        """Where training is in the data: epoch, batches trained in it, and the layout they count in."""
+        """Where training is in the data: epoch, batches trained in it, and the layout they count in
+        (batch size per process, samples per process, processes, samples in the data set)."""
         s = self.sampler
-        return {"epoch": s.epoch, "batches": s.position, "batch_size": s.batch_size, "samples": s.num_samples}
+        return {"epoch": s.epoch, "batches": s.position, "batch_size": s.batch_size, "samples": s.num_samples,
+                "num_replicas": s.num_replicas, "dataset_size": len(s.dataset)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resumes at a saved position. One from other data (another batch size or data set size) cannot
-        mean the same batches: a warning says so and that epoch starts again from its first batch.
+        """Resumes at a saved position, also on another number of processes or another batch size: the
+        batches trained so far are a prefix of the epoch's order (process ``r`` of ``n`` takes every
+        ``n``-th index of it), so a new layout goes on after that prefix when it ends on one of the new
+        layout's batches. Where it cannot (another data set size, or a prefix the new batches do not divide)
+        a warning says so and that epoch starts again from its first batch.
 
         Raises:
             ValueError: the state is not one :meth:`state_dict` wrote.
@@ -66,12 +71,19 @@ class ResumablePosition:
         if epoch < 0 or batches < 0:
             raise ValueError(f"{type(self).__name__}: not a data position: {state!r}")
         s = self.sampler
-        saved, ours = (state.get("batch_size"), state.get("samples")), (s.batch_size, s.num_samples)
-        if saved != ours:
-            warnings.warn(f"the checkpoint's data position (epoch {epoch}, batch {batches}) was counted in batches of "
-                          f"{saved[0]} over {saved[1]} samples, this run has batches of {ours[0]} over {ours[1]}: "
-                          f"epoch {epoch} starts again from its first batch", stacklevel=2)
-            batches = 0
+        saved = (state.get("batch_size"), state.get("samples"), state.get("num_replicas", 1))
+        if saved != (s.batch_size, s.num_samples, s.num_replicas):
+            trained = batches * (saved[0] or 0) * saved[2]  # samples of the epoch's order, all processes
+            per_batch = s.batch_size * s.num_replicas
+            same_order = state.get("dataset_size") == len(s.dataset) and saved[0] is not None
+            if same_order and trained % per_batch == 0:
+                batches = trained // per_batch
+            else:
+                warnings.warn(f"the checkpoint's data position (epoch {epoch}, batch {batches}) was counted in batches "
+                              f"of {saved[0]} on {saved[2]} process(es) over {saved[1]} samples each, this run has "
+                              f"batches of {s.batch_size} on {s.num_replicas} over {s.num_samples}: epoch {epoch} "
+                              "starts again from its first batch", stacklevel=2)
+                batches = 0
         s.epoch, s.position = epoch, batches
 
     def _start_epoch(self) -> None:

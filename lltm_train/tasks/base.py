@@ -9,6 +9,7 @@ from collections.abc import Callable
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
 
 from .. import validation as v
 from ..data.base import Batch
@@ -53,6 +54,7 @@ class LLTMTask(L.LightningModule, ABC):
         self.compile_net = compile
         self.baseline_loss = baseline_loss
         self.last_validated_step = -1
+        self.loss_metrics = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
         self.net: nn.Module
 
     def setup(self, stage: str) -> None:
@@ -85,18 +87,27 @@ class LLTMTask(L.LightningModule, ABC):
                     f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr or "
                     "set trainer.gradient_clip_val"
                 )
-            self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0])
+            # the mean over every process's batch (the global batch's loss under DDP): one collective per logging step
+            self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0], sync_dist=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self.log("val/loss", self.step(batch, "val"), prog_bar=True, batch_size=batch.x.shape[0])
+        self._log_loss("val", self.step(batch, "val"), batch.x.shape[0])
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self.log("test/loss", self.step(batch, "test"), batch_size=batch.x.shape[0])
+        self._log_loss("test", self.step(batch, "test"), batch.x.shape[0])
+
+    def _log_loss(self, stage: str, loss: Tensor, batch_size: int) -> None:
+        # The epoch's loss is the mean over its samples, over every DDP process's share of the split: a
+        # torchmetrics mean adds up the processes' sums and counts. (Lightning's own sync_dist averages the
+        # sample counts as integers, which rounds them when the processes' shares differ in size.)
+        metric = self.loss_metrics[stage]
+        metric.update(loss.detach(), weight=batch_size)
+        self.log(f"{stage}/loss", metric, prog_bar=stage == "val")
 
     def on_validation_epoch_end(self) -> None:
         if self.baseline_loss is not None:
-            self.log("val/baseline_loss", self.baseline_loss)
+            self.log("val/baseline_loss", self.baseline_loss, sync_dist=True)
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.global_step
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -81,12 +82,27 @@ class LanguageModelTask(LLTMTask):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.stateful and "train" in self._carried:
-            checkpoint["lltm_train"]["carried_state"] = _detached(self._carried["train"], device="cpu")
+            # Every process carries its own streams' rows; the checkpoint (written by process 0) holds all of
+            # them, process r's batch rows after process r-1's. Every process saves, so the gather is safe.
+            world = self.trainer.world_size
+            state = _map(self._carried["train"], lambda t: torch.cat(list(self.all_gather(t)), 1) if world > 1 else t)
+            checkpoint["lltm_train"]["carried_state"] = _detached(state, device="cpu")
+            checkpoint["lltm_train"]["carried_world_size"] = world
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        carried = (checkpoint.get("lltm_train") or {}).get("carried_state")
-        self._carried = {"train": carried} if self.stateful and carried is not None else {}
+        saved = checkpoint.get("lltm_train") or {}
+        carried, world = saved.get("carried_state"), saved.get("carried_world_size", 1)
+        self._carried = {}
+        if not self.stateful or carried is None:
+            return
+        trainer = self._trainer
+        rank, ours = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if world != ours:  # the streams are cut anew for another number of processes: their rows mean other text
+            warnings.warn(f"the checkpoint carries the state of {world} process(es)' streams, this run has {ours}: "
+                          "training goes on from a zero state", stacklevel=2)
+            return
+        self._carried = {"train": _map(carried, lambda t: t.chunk(world, 1)[rank])}
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -95,8 +111,9 @@ class LanguageModelTask(LLTMTask):
 
     def _log_epoch(self, stage: str) -> None:
         m = self.metrics[stage]
-        nll = m["nll"].compute()
-        self.log_dict({f"{stage}/perplexity": nll.exp(), f"{stage}/bpc": nll / math.log(2), f"{stage}/acc": m["acc"].compute()})
+        nll = m["nll"].compute()  # torchmetrics sums the states of every process first: the same value on each
+        self.log_dict({f"{stage}/perplexity": nll.exp(), f"{stage}/bpc": nll / math.log(2), f"{stage}/acc": m["acc"].compute()},
+                      sync_dist=True)
         m["nll"].reset()
         m["acc"].reset()
 
@@ -111,7 +128,7 @@ class LanguageModelTask(LLTMTask):
 
     def _sample(self) -> None:
         spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
-        if self.sample_length <= 0 or spec is None or spec.decode is None:
+        if self.sample_length <= 0 or spec is None or spec.decode is None or not self.trainer.is_global_zero:
             return
         prompt = spec.encode("\n") or [0]
         generator = torch.Generator().manual_seed(self.global_step)
@@ -120,6 +137,11 @@ class LanguageModelTask(LLTMTask):
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("sample", f"```\n{text}\n```", self.global_step)
+
+
+def _map(state, fn):
+    """fn applied to each tensor of a recurrent state ((h, c) or h)."""
+    return tuple(_map(t, fn) for t in state) if isinstance(state, (tuple, list)) else fn(state)
 
 
 def _detached(state, device=None):

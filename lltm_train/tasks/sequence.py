@@ -63,6 +63,7 @@ class RegressionTask(LLTMTask):
         self.net = SequenceRegressor(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
                                      bidirectional=bidirectional, cell=cell, backend=backend)
         self.mae = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})
+        self.mae_units = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})  # in the data's units
 
     def step(self, batch: Batch, stage: str) -> Tensor:
         pred = self.net(batch.x, batch.lengths).float()
@@ -71,5 +72,6 @@ class RegressionTask(LLTMTask):
             self.log(f"{stage}/mae", self.mae[stage])
             spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
             if spec is not None and spec.scale != 1.0:
-                self.log(f"{stage}/mae_units", (pred.detach() - batch.y).abs().mean() * spec.scale)
+                self.mae_units[stage].update(pred.detach() * spec.scale, batch.y * spec.scale)
+                self.log(f"{stage}/mae_units", self.mae_units[stage])
         return F.mse_loss(pred, batch.y)
