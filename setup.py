@@ -13,7 +13,7 @@ from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 build = runpy.run_path(str(Path(__file__).parent / "lltm_train" / "ops" / "_build.py"))  # the JIT build's lists
-sources = [f"csrc/{name}" for name in build["CPP_SOURCES"]]
+sources = [f"csrc/{name}" for name in build["CPP_SOURCES"] + build["PYTHON_SOURCES"]]
 with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and Path(CUDA_HOME, "bin", "nvcc").exists()
 if os.environ.get("LLTM_NO_CUDA") == "1":
     with_cuda = False

@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
-#include <Python.h>
 #include <torch/library.h>
 
 #include <string>
@@ -178,10 +177,4 @@ TORCH_LIBRARY(lltm, m) {
       "Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
       "Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_weight_ih, "
       "Tensor grad_weight_hh, Tensor grad_bias)");
-}
-
-// Importing lltm_train._C runs the static registrations above; the module itself is empty.
-extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
 }

@@ -6,7 +6,10 @@ activation, from PyTorch's "Custom C++ and CUDA Extensions" tutorial.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import ops
 from .backends import BACKENDS, available_backends
+
+ops.load_if_built()  # saved models that call torch.ops.lltm.* then load after `import lltm_train` alone
 
 try:
     __version__ = version("lltm-train")  # pyproject.toml is the one place that states it

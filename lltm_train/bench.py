@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
     parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training")
+    parser.add_argument("--jit", action="store_true", help="the default model's forward as eager, TorchScript, "
+                        "torch.compile and torch.export (batch 1 and 64)")
     parser.add_argument("--json", help="write the raw figures and the machine to this file")
     args = parser.parse_args(argv)
     configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
@@ -279,7 +281,11 @@ def main(argv: list[str] | None = None) -> None:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     machine = _machine(device, args)
     print(f"lltm-bench: {machine}", flush=True)
-    if args.training:
+    if args.jit:
+        from .bench_jit import run_jit
+
+        results = run_jit(device, args.repeats)
+    elif args.training:
         results = run_training(device, args.steps)
     else:
         results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats)

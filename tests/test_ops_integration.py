@@ -141,7 +141,8 @@ def test_setup_and_the_jit_build_compile_the_same_sources():
     from lltm_train.ops import _build
 
     root = Path(_extension.__file__).resolve().parents[2]
-    assert "_build.py" in (root / "setup.py").read_text()
+    assert "_build.py" in (root / "setup.py").read_text() and "_build.py" in (root / "CMakeLists.txt").read_text()
+    assert "PYTHON_SOURCES" in (root / "setup.py").read_text()  # the Python module's init: setup.py's build only
     lists = runpy.run_path(str(root / "lltm_train" / "ops" / "_build.py"))
     assert lists["CPP_SOURCES"] == _build.CPP_SOURCES and lists["CUDA_SOURCES"] == _build.CUDA_SOURCES
     for name in _build.CPP_SOURCES + _build.CUDA_SOURCES:

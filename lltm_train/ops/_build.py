@@ -1,9 +1,11 @@
-"""The sources and flags of the op library, shared by setup.py (ahead of time) and the just-in-time build.
+"""The sources and flags of the op library, shared by setup.py (ahead of time), the just-in-time build and
+CMakeLists.txt (``liblltm_ops.so``).
 
-Plain constants, no imports: setup.py reads this file without importing the package.
+Plain constants, no imports: setup.py and CMake read this file without importing the package.
 """
 
 CPP_SOURCES = ("lltm.cpp", "lltm_autograd.cpp", "lltm_cpu.cpp")
 CUDA_SOURCES = ("lltm_cuda.cu", "lltm_cuda_persistent.cu", "lltm_cuda_stepped.cu")
+PYTHON_SOURCES = ("lltm_python.cpp",)  # the module init of lltm_train._C: setup.py only
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3"]

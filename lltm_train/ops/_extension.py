@@ -102,6 +102,30 @@ def load() -> bool:
     return True
 
 
+def load_if_built() -> bool:
+    """Registers the ops if a compiled op library is at hand (the installed ``lltm_train._C``, or an
+    up-to-date just-in-time build), without building one: ``import lltm_train`` runs this, so that saved
+    programs calling ``torch.ops.lltm.*`` (TorchScript, ``torch.export``) load after that import alone."""
+    if _status["loaded"]:
+        return True
+    try:
+        importlib.import_module("lltm_train._C")
+    except ImportError:
+        built = _build_dir(_cuda_build_possible()) / "lltm_train_C.so"
+        sources = [f.stat().st_mtime for f in _CSRC.iterdir()] if _CSRC.is_dir() else []
+        if not (built.exists() and sources and built.stat().st_mtime >= max(sources)):
+            return False
+        try:
+            torch.ops.load_library(str(built))
+        except OSError:
+            return False
+    from . import _registrations
+
+    _registrations.register()
+    _status["loaded"] = True
+    return True
+
+
 def _put_ninja_on_path() -> None:
     # pip's ninja lands beside the interpreter, which is not on PATH when a venv is used unactivated.
     if shutil.which("ninja") is None:

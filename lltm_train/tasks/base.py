@@ -159,6 +159,7 @@ class LLTMTask(L.LightningModule, ABC):
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
             "skipped_steps": self._skipped_before + (int(self._skipped) if self._skipped is not None else 0),
+            "task": f"{type(self).__module__}.{type(self).__qualname__}",  # which class loads it (lltm_train.inference)
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

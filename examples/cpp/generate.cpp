@@ -1,0 +1,175 @@
+// lltm-generate-cpp MODEL.pt [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
+//
+// Samples text from a character model exported with `lltm-export CKPT MODEL.pt --format torchscript`,
+// exactly as lltm-generate (lltm_train/inference.py: sample) does in Python: the prompt is read once, then
+// one token a step with the state carried; each token is drawn by torch::multinomial from
+// softmax(logits / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
+// the same seed gives the same text token for token. The vocabulary and the state's size come from the
+// model file's extra files vocab.json and config.json.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/script.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Appends code point cp to out as UTF-8.
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The strings of a JSON array of strings (what Python's json.dumps writes for the vocabulary).
+std::vector<std::string> parse_string_array(const std::string& json) {
+  std::vector<std::string> items;
+  size_t i = json.find('[');
+  if (i == std::string::npos) throw std::runtime_error("vocab.json: not a JSON array");
+  for (++i; i < json.size(); ++i) {
+    char ch = json[i];
+    if (ch == ']') return items;
+    if (ch != '"') continue;
+    std::string s;
+    for (++i; i < json.size() && json[i] != '"'; ++i) {
+      if (json[i] != '\\') {
+        s += json[i];
+        continue;
+      }
+      char e = json[++i];
+      switch (e) {
+        case 'n': s += '\n'; break;
+        case 't': s += '\t'; break;
+        case 'r': s += '\r'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'u': {
+          uint32_t cp = std::stoul(json.substr(i + 1, 4), nullptr, 16);
+          i += 4;
+          if (cp >= 0xD800 && cp < 0xDC00 && json.compare(i + 1, 2, "\\u") == 0) {  // a surrogate pair
+            uint32_t low = std::stoul(json.substr(i + 3, 4), nullptr, 16);
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+            i += 6;
+          }
+          append_utf8(s, cp);
+          break;
+        }
+        default: s += e;  // \" \\ \/
+      }
+    }
+    items.push_back(s);
+  }
+  throw std::runtime_error("vocab.json: unterminated array");
+}
+
+// The integer value of "key" in a flat JSON object.
+int64_t json_int(const std::string& json, const std::string& key) {
+  size_t at = json.find("\"" + key + "\"");
+  if (at == std::string::npos) throw std::runtime_error("config.json: no " + key);
+  return std::stoll(json.substr(json.find(':', at) + 1));
+}
+
+// The UTF-8 characters of text.
+std::vector<std::string> characters(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    unsigned char c = text[i];
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+    out.push_back(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: lltm-generate-cpp MODEL.pt [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
+                 "[--seed S]\n";
+    return 2;
+  }
+  std::map<std::string, std::string> opt{{"--prompt", "\n"}, {"--length", "500"}, {"--temperature", "0.8"},
+                                         {"--top-k", "0"}, {"--seed", "0"}};
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (!opt.count(argv[i])) {
+      std::cerr << "lltm-generate-cpp: error: unknown option " << argv[i] << "\n";
+      return 2;
+    }
+    opt[argv[i]] = argv[i + 1];
+  }
+  const int64_t length = std::stoll(opt["--length"]), top_k = std::stoll(opt["--top-k"]);
+  const double temperature = std::stod(opt["--temperature"]);
+  if (!(temperature > 0) || length < 0 || top_k < 0) {
+    std::cerr << "lltm-generate-cpp: error: need --temperature > 0, --length >= 0, --top-k >= 0\n";
+    return 2;
+  }
+  torch::jit::ExtraFilesMap extra{{"vocab.json", ""}, {"config.json", ""}};
+  torch::jit::Module model;
+  try {
+    model = torch::jit::load(argv[1], torch::kCPU, extra);
+  } catch (const std::exception& e) {
+    std::cerr << "lltm-generate-cpp: error: cannot load " << argv[1] << ": " << e.what() << "\n";
+    return 2;
+  }
+  model.eval();
+  const std::vector<std::string> vocab = parse_string_array(extra["vocab.json"]);
+  const int64_t layers = json_int(extra["config.json"], "num_layers");
+  const int64_t hidden = json_int(extra["config.json"], "hidden_size");
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<int64_t>(i);
+
+  std::vector<int64_t> prompt;
+  std::string unknown;
+  for (const auto& ch : characters(opt["--prompt"])) {
+    auto it = index.find(ch);
+    if (it == index.end()) unknown += (unknown.empty() ? "'" : ", '") + ch + "'";
+    else prompt.push_back(it->second);
+  }
+  if (!unknown.empty() || prompt.empty()) {
+    std::cerr << "lltm-generate-cpp: error: " << (prompt.empty() && unknown.empty() ? "the prompt is empty" :
+                 "the prompt has characters the model never saw: " + unknown) << "\n";
+    return 2;
+  }
+
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(std::stoull(opt["--seed"])));
+  auto h = torch::zeros({layers, 1, hidden}), c = torch::zeros({layers, 1, hidden});
+  auto step = [&](const torch::Tensor& tokens) {
+    auto out = model.forward({tokens, h, c}).toTuple();
+    h = out->elements()[1].toTensor();
+    c = out->elements()[2].toTensor();
+    return out->elements()[0].toTensor();  // (T, 1, V)
+  };
+  auto logits = step(torch::tensor(prompt, torch::kLong).unsqueeze(1));
+  std::string text = opt["--prompt"];
+  for (int64_t n = 0; n < length; ++n) {
+    auto last = logits[-1][0].to(torch::kFloat) / temperature;
+    if (top_k > 0 && top_k < last.numel()) {
+      auto cutoff = std::get<0>(torch::topk(last, top_k))[-1];
+      last = last.masked_fill(last < cutoff, -std::numeric_limits<float>::infinity());
+    }
+    const int64_t token = torch::multinomial(torch::softmax(last, -1), 1, false, generator).item<int64_t>();
+    text += vocab[token];
+    logits = step(torch::tensor({token}, torch::kLong).view({1, 1}));
+  }
+  std::cout << text << "\n";
+  return 0;
+}

@@ -1,0 +1,80 @@
+"""``lltm-generate`` (text from a character model's checkpoint) and ``lltm-evaluate`` (a checkpoint's
+test-split metrics): trained models used without training."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+
+
+def _fail(prog: str, exc: BaseException) -> None:
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+def generate_main(argv: list[str] | None = None) -> None:
+    """Samples text after a prompt from a text model's checkpoint (any backend, any device)."""
+    from .inference import encode_prompt, load_task, sample, vocabulary
+
+    parser = argparse.ArgumentParser(prog="lltm-generate", description=generate_main.__doc__)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--prompt", default="\n", help="text to start from (every character must be in the vocabulary)")
+    parser.add_argument("--length", type=int, default=500, help="characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (> 0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest characters only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    a = parser.parse_args(argv)
+    try:
+        task, ckpt = load_task(a.checkpoint, a.backend, a.device)
+        vocab = vocabulary(ckpt)
+        if vocab is None:
+            raise ConfigError(f"{a.checkpoint} is not a text model's checkpoint (it has no vocabulary)")
+        ids = sample(task.net, encode_prompt(a.prompt, vocab), a.length, a.temperature, a.top_k, a.seed)
+    except (ConfigError, ValueError, RuntimeError) as exc:
+        _fail("lltm-generate", exc)
+    sys.stdout.write(a.prompt + "".join(vocab[i] for i in ids) + "\n")
+
+
+def evaluate_main(argv: list[str] | None = None) -> None:
+    """Evaluates a checkpoint on the test split of the data set it was trained on (read from its run's
+    ``.hydra/config.yaml``), with any backend, on any device, and prints the metrics."""
+    import lightning as L
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from .inference import load_task
+
+    parser = argparse.ArgumentParser(prog="lltm-evaluate", description=evaluate_main.__doc__)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--config", default=None, help="the run's config (default: <run>/.hydra/config.yaml)")
+    a = parser.parse_args(argv)
+    try:
+        task, ckpt = load_task(a.checkpoint, a.backend, a.device)
+        config = Path(a.config) if a.config else Path(a.checkpoint).resolve().parent.parent / ".hydra" / "config.yaml"
+        if not config.is_file():
+            raise ConfigError(f"no run config at {config}: give --config <run>/.hydra/config.yaml")
+        datamodule = instantiate(OmegaConf.load(config).dataset)
+        datamodule.setup("test")
+        for key, value in ckpt.items():  # the data module's saved state (a text's vocabulary)
+            if key == type(datamodule).__qualname__ and isinstance(value, dict):
+                datamodule.load_state_dict(value)
+        trainer = L.Trainer(accelerator="gpu" if str(a.device).startswith("cuda") else "cpu", devices=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        run = trainer.test if a.split == "test" else trainer.validate
+        [metrics] = run(task, datamodule=datamodule, verbose=False)
+    except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        _fail("lltm-evaluate", exc)
+    print(f"lltm-evaluate: {a.checkpoint} on the {a.split} split: "
+          + ", ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items())))
+
+
+if __name__ == "__main__":  # python -m lltm_train.commands generate|evaluate ...
+    {"generate": generate_main, "evaluate": evaluate_main}[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,147 @@
+"""``lltm-export``: a trained text model as a file that runs without lltm-train's training code.
+
+Formats (``--format``):
+
+- ``torchscript``: ``torch.jit.trace`` of the model, for TorchScript in Python or C++ (``torch::jit::load``),
+  with the op library loaded (``import lltm_train``, or ``torch.ops.load_library`` of the compiled ops).
+  T and B may vary. The vocabulary is inside, as the extra file ``vocab.json``.
+- ``exported``: a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``), T and B dynamic
+  (1 to 100,000 each); ``import lltm_train`` makes its ops known.
+- ``aoti``: an AOTInductor package (``torch._inductor.aoti_load_package``), compiled for the device at
+  hand, T and B dynamic as for ``exported``.
+
+Every format has one interface: ``(tokens (T, B) int64, h0 (L, B, H), c0 (L, B, H)) -> (logits (T, B, V),
+h_n, c_n)``, float32, zeros for a fresh state. The vocabulary goes beside the file as ``<OUT>.vocab.json``
+(a list of characters in token-id order). After writing, the file is loaded in a fresh Python process and
+its outputs are compared with the checkpoint's eager model on the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+FORMATS = ("torchscript", "exported", "aoti")
+MAX_DIM = 100_000
+
+
+class TokenModel(nn.Module):
+    """A :class:`~lltm_train.models.CharLM` with its state as two plain tensors (h, c): what the exported
+    files take and return. Only cells with an (h, c) state: lltm and lstm."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: Tensor, h0: Tensor, c0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits, (h, c) = self.net(tokens, (h0, c0))
+        return logits, h, c
+
+
+def example_inputs(model: TokenModel, T: int = 5, B: int = 3, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Random tokens and a random state for ``model``, on its device."""
+    net = model.net
+    g = torch.Generator().manual_seed(seed)
+    L, H, V = net.rnn.num_layers, net.rnn.hidden_size, net.embedding.num_embeddings
+    device = net.head.weight.device
+    return (torch.randint(0, V, (T, B), generator=g).to(device), torch.randn(L, B, H, generator=g).to(device),
+            torch.randn(L, B, H, generator=g).to(device))
+
+
+def export(model: TokenModel, fmt: str, out: Path, vocab: list[str] | None) -> Path:
+    """Writes ``model`` to ``out`` in format ``fmt`` (and ``<out>.vocab.json``); returns ``out``."""
+    model = model.eval()
+    args = example_inputs(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if vocab is not None:
+        Path(f"{out}.vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    with torch.no_grad():
+        if fmt == "torchscript":
+            traced = torch.jit.trace(model, args, check_trace=False)
+            rnn = model.net.rnn
+            extra = {"vocab.json": json.dumps(vocab or [], ensure_ascii=False),  # read by examples/cpp
+                     "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size})}
+            torch.jit.save(traced, str(out), _extra_files=extra)
+            return out
+        T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
+        program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, {1: B}, {1: B}))
+        if fmt == "exported":
+            torch.export.save(program, str(out))
+        else:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out))
+    return out
+
+
+_RELOAD = """
+import sys, torch
+import lltm_train  # registers the lltm ops
+fmt, path, inputs, result = sys.argv[1:]
+args = torch.load(inputs)
+if fmt == "torchscript":
+    model = torch.jit.load(path)
+elif fmt == "exported":
+    model = torch.export.load(path).module()
+else:
+    model = torch._inductor.aoti_load_package(path)
+with torch.no_grad():
+    torch.save([t.cpu() for t in model(*args)], result)
+"""
+
+
+def check_in_fresh_process(model: TokenModel, fmt: str, path: Path, T: int = 7, B: int = 2) -> float:
+    """Runs the written file in a new Python process on inputs of another shape than the traced ones and
+    returns the largest absolute difference from ``model``'s outputs. RuntimeError if that process fails."""
+    args = example_inputs(model, T, B, seed=1)
+    with torch.no_grad():
+        want = [t.cpu() for t in model(*args)]
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, result = Path(tmp, "inputs.pt"), Path(tmp, "result.pt")
+        torch.save(list(args), inputs)
+        done = subprocess.run([sys.executable, "-c", _RELOAD, fmt, str(path), str(inputs), str(result)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"loading {path} in a fresh process failed: {done.stderr.strip().splitlines()[-1:]}")
+        got = torch.load(result)
+    return max(float((g - w).abs().max()) for g, w in zip(got, want))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .config import ConfigError
+    from .inference import load_task, vocabulary
+
+    parser = argparse.ArgumentParser(prog="lltm-export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a checkpoint of a text (or copy) model, e.g. outputs/.../checkpoints/last.ckpt")
+    parser.add_argument("out", help="the file to write")
+    parser.add_argument("--format", choices=FORMATS, default="torchscript")
+    parser.add_argument("--backend", default="auto", help="the LLTM backend the file runs: auto, python, cpp or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    a = parser.parse_args(argv)
+    try:
+        if a.format == "aoti" and not a.out.endswith(".pt2"):
+            raise ValueError(f"an AOTInductor package is a .pt2 file: name it so ({a.out}.pt2)")
+        task, ckpt = load_task(a.checkpoint, a.backend, a.device)
+        if not hasattr(task.net, "embedding") or task.hparams.get("cell") not in ("lltm", "lstm"):
+            raise ConfigError("lltm-export takes token models (text, copy) with an lltm or lstm cell")
+        model = TokenModel(task.net)
+        out = export(model, a.format, Path(a.out), vocabulary(ckpt))
+        error = check_in_fresh_process(model, a.format, out)
+    except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        print(f"lltm-export: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    tolerance = 1e-4 if task.hparams.get("backend") != "python" else 1e-5
+    status = "matches" if error <= tolerance else "DIFFERS FROM"
+    print(f"lltm-export: wrote {out} ({a.format}); reloaded in a fresh process, it {status} the checkpoint's "
+          f"model (largest difference {error:.2e})")
+    if error > tolerance:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Trained models outside training: a checkpoint loaded with any backend on any device, its vocabulary,
+and text sampled from a character language model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from .checkpoints import read_checkpoint
+from .config import ConfigError
+from .tasks import LLTMTask
+
+
+def _task_class(ckpt: dict, path: Path) -> type[LLTMTask]:
+    """The LightningModule class that wrote ``ckpt``: recorded in it, or (older checkpoints) in the config
+    of the run directory it lies in (``<run>/checkpoints/x.ckpt`` -> ``<run>/.hydra/config.yaml``)."""
+    name = (ckpt.get("lltm_train") or {}).get("task")
+    if name is None:
+        config = path.resolve().parent.parent / ".hydra" / "config.yaml"
+        if not config.is_file():
+            raise ConfigError(f"{path}: the checkpoint does not say which task wrote it and there is no {config}")
+        name = OmegaConf.load(config).model._target_
+    cls = get_class(name)
+    if not (isinstance(cls, type) and issubclass(cls, LLTMTask)):
+        raise ConfigError(f"{path}: {name} is not an lltm-train task")
+    return cls
+
+
+def load_task(path: str | Path, backend: str = "auto", device: str | torch.device = "cpu") -> tuple[LLTMTask, dict]:
+    """The task (LightningModule) saved in a checkpoint, in eval mode on ``device``, with its LLTM layers on
+    ``backend`` whatever the backend it was trained with (the parameters are the same for all three); a
+    checkpoint of a compiled model (``model.compile=true``) loads uncompiled. Also returns the checkpoint.
+
+    Raises:
+        ConfigError: an unreadable checkpoint (one line naming it) or one not written by lltm-train.
+        ValueError: an unknown backend, or one that cannot run on ``device``.
+    """
+    path = Path(path)
+    ckpt = read_checkpoint(path)
+    cls = _task_class(ckpt, path)
+    hparams = dict(ckpt.get("hyper_parameters") or {})
+    hparams.update(backend=backend, compile=False)
+    task = cls(**hparams)
+    task.load_state_dict(ckpt["state_dict"])
+    return task.to(device).eval(), ckpt
+
+
+def vocabulary(ckpt: dict) -> list[str] | None:
+    """A text model's characters, in token id order, as its data module saved them (None for other data)."""
+    for value in ckpt.values():
+        if isinstance(value, dict) and isinstance(value.get("vocab"), list) and value["vocab"]:
+            return list(value["vocab"])
+    return None
+
+
+def encode_prompt(prompt: str, vocab: list[str]) -> list[int]:
+    """Token ids of ``prompt``. ValueError naming the characters the vocabulary lacks (never dropped)."""
+    index = {ch: i for i, ch in enumerate(vocab)}
+    unknown = sorted({ch for ch in prompt if ch not in index})
+    if unknown:
+        raise ValueError(f"the prompt has characters the model never saw: {', '.join(repr(c) for c in unknown)} "
+                         f"(its vocabulary has {len(vocab)} characters)")
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character")
+    return [index[ch] for ch in prompt]
+
+
+@torch.no_grad()
+def sample(net: torch.nn.Module, prompt: list[int], length: int, temperature: float = 1.0, top_k: int | None = None,
+           seed: int = 0) -> list[int]:
+    """``length`` token ids sampled after ``prompt`` from a :class:`~lltm_train.models.CharLM`-like ``net``
+    (``forward(tokens (T, B), state) -> (logits (T, B, V), state)``). The prompt is read once; then each
+    step feeds one token and carries the state. Each token is drawn with :func:`torch.multinomial` from
+    softmax(logits / temperature), restricted to the ``top_k`` most likely when given, with a CPU
+    generator seeded with ``seed``.
+
+    Raises:
+        ValueError: temperature <= 0, top_k < 1, length < 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    device = next(net.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    logits, state = net(torch.tensor(prompt, device=device)[:, None], None)
+    out: list[int] = []
+    for _ in range(length):
+        last = logits[-1, 0].float().cpu() / temperature
+        if top_k is not None and top_k < last.numel():
+            cutoff = torch.topk(last, top_k).values[-1]
+            last = last.masked_fill(last < cutoff, float("-inf"))
+        token = int(torch.multinomial(torch.softmax(last, -1), 1, generator=generator))
+        out.append(token)
+        logits, state = net(torch.tensor([[token]], device=device), state)
+    return out

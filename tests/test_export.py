@@ -1,0 +1,157 @@
+"""Trained models outside training: checkpoints loaded on any backend, text generation, evaluation, and the
+TorchScript / torch.export / AOTInductor files of lltm-export, each reloaded in a fresh process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from test_training import make_cfg
+from lltm_train.export import TokenModel, check_in_fresh_process, example_inputs, export
+from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
+from lltm_train.train import train
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A small character model (2 layers) trained for a few steps."""
+    out = tmp_path_factory.mktemp("run")
+    text = out / "text.txt"
+    text.write_text("the quick brown fox jumps over a lazy dog. " * 100)
+    cfg = make_cfg(out, "dataset=text", f"dataset.path={text}", "dataset.seq_len=16", "model.num_layers=2",
+                   "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0")
+    train(cfg)
+    (out / ".hydra").mkdir()
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")  # as the command line's run writes it
+    return out / "checkpoints" / "last.ckpt"
+
+
+def test_a_checkpoint_loads_on_every_backend_with_the_same_outputs(checkpoint):
+    vocab_size = load_task(checkpoint, "python")[0].net.embedding.num_embeddings
+    tokens = torch.randint(0, vocab_size, (9, 3))
+    outputs = {b: load_task(checkpoint, b)[0].net(tokens)[0] for b in ("python", "cpp")}
+    torch.testing.assert_close(outputs["cpp"], outputs["python"], rtol=1e-5, atol=1e-5)
+    task, ckpt = load_task(checkpoint, "python")
+    assert not task.training and vocabulary(ckpt) == sorted(set(checkpoint.parent.parent.joinpath("text.txt").read_text()))
+
+
+def test_sampling_carries_the_state_instead_of_rereading_the_text(checkpoint):
+    task, ckpt = load_task(checkpoint, "cpp")
+    prompt = encode_prompt("ab c", vocabulary(ckpt))
+    ids = sample(task.net, prompt, 30, temperature=0.9, top_k=5, seed=7)
+    assert ids == sample(task.net, prompt, 30, temperature=0.9, top_k=5, seed=7)  # a seed fixes the text
+    assert ids != sample(task.net, prompt, 30, temperature=0.9, top_k=5, seed=8)
+
+    class Rereading(torch.nn.Module):  # the whole text again at each step: what carrying the state must equal
+        def __init__(self, net):
+            super().__init__()
+            self.net, self.seen = net, []
+
+        def forward(self, tokens, state):
+            self.seen += tokens[:, 0].tolist()
+            return self.net(torch.tensor(self.seen)[:, None])[0], None
+
+    assert ids == sample(Rereading(task.net), prompt, 30, temperature=0.9, top_k=5, seed=7)
+    top1 = sample(task.net, prompt, 10, top_k=1)
+    assert top1 == sample(task.net, prompt, 10, top_k=1, seed=99)  # top-1 is greedy, whatever the seed
+
+
+def test_unknown_prompt_characters_are_named(checkpoint):
+    vocab = vocabulary(load_task(checkpoint, "python")[1])
+    with pytest.raises(ValueError, match=r"'X', 'Z'"):
+        encode_prompt("aXbZ", vocab)
+    result = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(checkpoint), "--prompt", "aX"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "'X'" in result.stderr
+
+
+def test_generate_and_evaluate_commands(checkpoint):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "lltm_train.commands", *a], capture_output=True, text=True, timeout=300)
+    first = run("generate", str(checkpoint), "--prompt", "ab", "--length", "25", "--seed", "3", "--backend", "cpp")
+    again = run("generate", str(checkpoint), "--prompt", "ab", "--length", "25", "--seed", "3", "--backend", "python")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout == again.stdout and len(first.stdout) == 2 + 25 + 1
+    evaluated = {b: run("evaluate", str(checkpoint), "--backend", b) for b in ("cpp", "python")}
+    assert all(r.returncode == 0 for r in evaluated.values()), evaluated["cpp"].stderr[-2000:]
+    figures = {b: dict(kv.split("=") for kv in r.stdout.strip().split(": ")[-1].split(", ")) for b, r in evaluated.items()}
+    assert set(figures["cpp"]) == {"test/acc", "test/bpc", "test/loss", "test/perplexity"}
+    assert all(abs(float(figures["cpp"][k]) - float(figures["python"][k])) < 1e-4 for k in figures["cpp"])
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "exported", pytest.param("aoti", marks=pytest.mark.slow)])
+def test_each_format_reloads_in_a_fresh_process_with_the_models_outputs(checkpoint, tmp_path, fmt):
+    """The fresh process imports lltm_train and nothing else of the training code; its inputs have another
+    T and B than the ones the file was made with."""
+    task, ckpt = load_task(checkpoint, "cpp")
+    model = TokenModel(task.net)
+    path = export(model, fmt, tmp_path / f"model.{fmt}.pt2", vocabulary(ckpt))
+    assert check_in_fresh_process(model, fmt, path, T=11, B=4) < 1e-5
+    assert (tmp_path / f"model.{fmt}.pt2.vocab.json").is_file()
+
+
+def test_torchscript_file_holds_its_vocabulary(checkpoint, tmp_path):
+    import json
+
+    task, ckpt = load_task(checkpoint, "cpp")
+    path = export(TokenModel(task.net), "torchscript", tmp_path / "m.pt", vocabulary(ckpt))
+    files = {"vocab.json": ""}
+    torch.jit.load(str(path), _extra_files=files)
+    assert json.loads(files["vocab.json"]) == vocabulary(ckpt)
+    assert example_inputs(TokenModel(task.net))[0].dtype == torch.int64
+
+
+def _cmake() -> str:
+    import os
+    import shutil
+
+    found = shutil.which("cmake", path=os.path.dirname(sys.executable)) or shutil.which("cmake")
+    if found is None:  # the dev extra installs it from PyPI (pip install -e .[dev])
+        pytest.fail("cmake is not installed: pip install cmake")
+    return found
+
+
+def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp_path):
+    """examples/cpp builds liblltm_ops.so (the repository's CMakeLists.txt) and lltm-generate-cpp against the
+    installed torch. The library alone gives torch.ops.lltm.* to a Python without lltm_train; the C++
+    program samples from the TorchScript export exactly the text lltm-generate samples from the checkpoint."""
+    from pathlib import Path
+
+    from lltm_train.functional import lltm_layer
+
+    root = Path(__file__).resolve().parents[1]
+    build = tmp_path / "build"
+    configure = subprocess.run([_cmake(), "-S", str(root / "examples" / "cpp"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                                f"-DPython3_EXECUTABLE={sys.executable}"], capture_output=True, text=True)
+    assert configure.returncode == 0, configure.stdout[-2000:] + configure.stderr[-2000:]
+    made = subprocess.run([_cmake(), "--build", str(build), "-j2"], capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+
+    library = build / "lltm_ops" / "liblltm_ops.so"
+    args = [torch.randn(6, 3, 5), torch.randn(3, 4), torch.randn(3, 4), torch.randn(12, 5), torch.randn(12, 4), torch.randn(12)]
+    torch.save(args, tmp_path / "args.pt")
+    code = ("import sys, torch; torch.ops.load_library(sys.argv[1]); a = torch.load(sys.argv[2]); "
+            "torch.save(torch.ops.lltm.layer_forward(*a, None)[:3], sys.argv[3]); "
+            "assert 'lltm_train' not in sys.modules")
+    alone = subprocess.run([sys.executable, "-c", code, str(library), str(tmp_path / "args.pt"), str(tmp_path / "out.pt")],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    x, h0, c0, w_ih, w_hh, b = args
+    want = lltm_layer(x, (h0, c0), w_ih, w_hh, b, backend="python")
+    for got, expected in zip(torch.load(tmp_path / "out.pt"), (want[0], *want[1])):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+    task, ckpt = load_task(checkpoint, "cpp")
+    model = export(TokenModel(task.net), "torchscript", tmp_path / "model.pt", vocabulary(ckpt))
+    options = ["--prompt", "the ", "--length", "80", "--temperature", "0.9", "--top-k", "6", "--seed", "11"]
+    cpp = subprocess.run([str(build / "lltm-generate-cpp"), str(model), *options], capture_output=True, text=True)
+    assert cpp.returncode == 0, cpp.stderr[-2000:]
+    python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(checkpoint), *options, "--backend", "cpp"],
+                            capture_output=True, text=True)
+    assert python.returncode == 0, python.stderr[-2000:]
+    assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
+    unknown = subprocess.run([str(build / "lltm-generate-cpp"), str(model), "--prompt", "the Q"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "'Q'" in unknown.stderr
