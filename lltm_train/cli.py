@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointE
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
 _failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs
+_started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
 
@@ -39,6 +41,7 @@ def _swept_settings() -> str:
     """The job's value of each setting the sweep varies (those given as a,b,... or range/choice/glob on the
     command line), as a short directory name: ``backend=cpp_model.hidden_size=128``."""
     swept = set(filter(None, os.environ.get(_SWEPT_KEYS, "").split(","))) if _SWEPT_KEYS in os.environ else _swept_keys(sys.argv)
+    swept |= {str(k) for k in (HydraConfig.get().sweeper.get("params") or {})}  # a config's sweep (an experiment's)
     task = HydraConfig.get().overrides.task
     parts = [o.lstrip("+~") for o in task if o.lstrip("+~").partition("=")[0] in swept]
     return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
@@ -60,7 +63,21 @@ def _config_subdir(ckpt_path: str | None) -> str:
     return ".hydra" if ckpt_path is None else f".hydra/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
+def _available_backends() -> str:
+    """The LLTM backends this machine runs, comma-separated (a sweep over them: experiment=compare_backends)."""
+    from .backends import available_backends
+
+    return ",".join(available_backends())
+
+
+def _accelerator_for(backend: str) -> str:
+    """Where a backend runs: cpp on the CPU, cuda on the GPU, python and auto wherever Lightning picks."""
+    return {"cpp": "cpu", "cuda": "gpu"}.get(str(backend), "auto")
+
+
 OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
+OmegaConf.register_new_resolver("lltm_accelerator", _accelerator_for, replace=True)
+OmegaConf.register_new_resolver("lltm_backends", _available_backends, replace=True)
 OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
 
 
@@ -96,6 +113,18 @@ def _run(cfg: DictConfig) -> float | None:
     return None
 
 
+def _config_source_flags(argv: list[str]) -> list[str]:
+    """Hydra's options that say where the config comes from (``--config-dir``, ``-cp``, ...), with their values."""
+    names = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+    kept: list[str] = []
+    for i, arg in enumerate(argv[1:], 1):
+        if arg in names and i + 1 < len(argv):
+            kept += [arg, argv[i + 1]]
+        elif arg.startswith(tuple(f"{n}=" for n in names)):
+            kept.append(arg)
+    return kept
+
+
 def _end_process_group() -> None:
     """Ends a job's DDP process group, whose other processes have exited: the sweep's next job would
     otherwise reuse it and wait on them."""
@@ -115,9 +144,23 @@ def _pin_job_for_ddp_processes() -> None:
     if "LOCAL_RANK" in os.environ:  # one of those processes itself
         return
     hydra_cfg = HydraConfig.get()
-    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task]
+    sys.argv = [sys.argv[0], *_config_source_flags(sys.argv), *hydra_cfg.overrides.task]
     with read_write(hydra_cfg):
         hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
+
+
+class FailedJobs:
+    """A Hydra callback (conf/config.yaml): at the end of a sweep, adds the jobs that failed in other
+    processes (hydra/launcher=local or slurm run each job in its own) to the failed jobs this process
+    counts, from the ``error.txt`` each failed job leaves in its folder."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        known = {Path(entry.split(": ", 1)[0]).resolve() for entry in _failed_jobs}
+        for error in sorted(sweep_dir.glob("*/error.txt")):
+            if error.parent not in known and error.stat().st_mtime >= _started:
+                first = (error.read_text().splitlines() or [""])[0]
+                _failed_jobs.append(f"{error.parent}: {first}")
 
 
 def _record_failed_job(job_dir: Path, exc: BaseException, message: str) -> None:

@@ -62,6 +62,29 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
         raise ConfigError(f"callbacks: {type(bad).__module__}.{type(bad).__qualname__} is not a Lightning Callback")
 
 
+def _check_processes(cfg: DictConfig, trainer: L.Trainer, datamodule: SequenceDataModule) -> None:
+    """Multi-process settings that would otherwise hang, crash part-way or lose the run's state."""
+    import os
+
+    strategy = cfg.trainer.get("strategy")
+    if isinstance(strategy, str) and any(word in strategy for word in ("spawn", "fork", "notebook")):
+        raise ConfigError(f"trainer.strategy={strategy}: the process that starts the others keeps a stale copy of the "
+                          "training state and would write it over the run's last checkpoint; use trainer.strategy=ddp")
+    nodes = cfg.trainer.get("num_nodes") or 1
+    if isinstance(nodes, int) and nodes > 1 and not {"SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "NODE_RANK"} & set(os.environ):
+        raise ConfigError(f"trainer.num_nodes={nodes}: no cluster environment starts the other nodes' processes (this "
+                          "one would wait for them); run through SLURM (hydra/launcher=slurm) or torchrun")
+    if trainer.world_size > 1 and "SUBMITIT_LOCAL_JOB_ID" in os.environ and "SUBMITIT_LOCAL_NTASKS" in os.environ \
+            and int(os.environ["SUBMITIT_LOCAL_NTASKS"]) < trainer.world_size:
+        raise ConfigError("hydra/launcher=local runs one process a job: Lightning cannot start DDP's other processes "
+                          "from submitit's worker; use trainer.devices=1, or the basic launcher for DDP jobs")
+    for split in ("val_set", "test_set"):
+        data = getattr(datamodule, split, None)
+        if trainer.world_size > 1 and data is not None and 0 < len(data) < trainer.world_size:
+            raise ConfigError(f"the {split.split('_')[0]} split has {len(data)} sample(s), fewer than the "
+                              f"{trainer.world_size} processes that share it; use fewer devices or a larger split")
+
+
 def _logger_resume_args(logger_cfg: DictConfig, resumed_step: int | None) -> dict:
     """A resumed run's TensorBoard writer hides what the killed run logged after its checkpoint (steps
     from ``resumed_step`` on, which the resumed run logs again): each curve then has one point a step."""
@@ -113,6 +136,7 @@ def _prepare(cfg: DictConfig):
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer),
                                      **_strategy(cfg.trainer))
     _check_run(cfg, trainer, task)
+    _check_processes(cfg, trainer, datamodule)
     if cfg.backend == "cuda" and not torch.cuda.is_available():
         raise ConfigError("backend=cuda needs a CUDA device and none is visible (torch.cuda.is_available() is False); "
                           "use backend=auto or backend=cpp")

@@ -4,6 +4,9 @@ checkpoints that resume on another number of processes, and sweeps whose jobs ea
 
 from __future__ import annotations
 
+import signal
+
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -98,3 +101,39 @@ def test_a_stateful_ddp_run_checkpoints_every_processs_carried_state_and_resumes
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "zero state" not in resumed.stderr
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 15
+
+
+
+@pytest.mark.parametrize("signum, rank, status", [(signal.SIGTERM, 0, 143), (signal.SIGTERM, 1, 143), (signal.SIGINT, None, 130)],
+                         ids=["SIGTERM to process 0", "SIGTERM to process 1", "SIGINT to both"])
+def test_a_signal_to_any_ddp_process_stops_all_at_one_step_with_one_checkpoint(tmp_path, signum, rank, status):
+    """The processes agree at the next logging step (every 4th here), save together there and exit: no
+    process is left waiting for the other."""
+    rank_override = [f"+callbacks.signal_at.rank={rank}"] if rank is not None else []
+    result = run(tmp_path, *COMMON, *DDP, "trainer.max_steps=400", "trainer.val_check_interval=200",
+                 "trainer.log_every_n_steps=4", "hydra.run.dir=run", "+callbacks.signal_at._target_=test_preemption.SignalAt",
+                 "+callbacks.signal_at.step=5", f"+callbacks.signal_at.signum={int(signum)}", *rank_override)
+    assert result.returncode == status, result.stderr[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}" in result.stderr
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["trainer.devices=2", "trainer.strategy=ddp_spawn"], "stale copy"),
+    (["trainer.num_nodes=2"], "no cluster environment"),
+    (["trainer.devices=2", "dataset.val_size=1"], "val split has 1 sample"),
+], ids=["spawn", "nodes without a cluster", "split smaller than the processes"])
+def test_multi_process_settings_that_would_hang_or_lose_state_are_refused_before_training(tmp_path, settings, message):
+    from lltm_train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _prepare(make_cfg(tmp_path, "dataset=adding", "dataset.train_size=64", "dataset.test_size=16", *settings))
+
+
+def test_ddp_in_a_local_submitit_job_is_refused(tmp_path, monkeypatch):
+    from lltm_train.config import ConfigError
+
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "1")
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "1")
+    with pytest.raises(ConfigError, match="hydra/launcher=local runs one process a job"):
+        _prepare(make_cfg(tmp_path, "dataset=adding", "trainer.devices=2"))

@@ -3,6 +3,7 @@ TorchScript / torch.export / AOTInductor files of lltm-export, each reloaded in 
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import CUDA_READY, CUDA_SKIP_REASON
 from test_training import make_cfg
 from lltm_train.export import TokenModel, check_in_fresh_process, example_inputs, export
 from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
@@ -155,3 +157,39 @@ def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp
     assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
     unknown = subprocess.run([str(build / "lltm-generate-cpp"), str(model), "--prompt", "the Q"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "'Q'" in unknown.stderr
+
+
+def test_a_compiled_models_checkpoint_loads_uncompiled(tmp_path):
+    """model.compile=true trains a torch.compile'd network; its checkpoint has the plain parameter names and
+    loads into an uncompiled model with the same outputs."""
+    cfg = make_cfg(tmp_path, "dataset=copy", "dataset.delay=4", "dataset.length=3", "dataset.train_size=64", "dataset.val_size=16",
+                   "dataset.test_size=16", "dataset.batch_size=16", "model.compile=true", "trainer.max_steps=2",
+                   "trainer.val_check_interval=2", "trainer.num_sanity_val_steps=0", "backend=cpp")
+    train(cfg)
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert not any("_orig_mod" in k for k in torch.load(ckpt, weights_only=False)["state_dict"])
+    task, _ = load_task(ckpt, "python")
+    assert task.hparams["compile"] is False and getattr(task.net, "_compiled_call_impl", None) is None
+    tokens = torch.randint(0, task.net.embedding.num_embeddings, (6, 2))
+    torch.testing.assert_close(task.net(tokens)[0], load_task(ckpt, "cpp")[0].net(tokens)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
+def test_a_checkpoint_moves_between_the_gpu_and_the_cpu(tmp_path):
+    """Trained with backend=cuda on the GPU: resumed with cpp on the CPU, and generating with cpp on the CPU
+    gives what cuda on the GPU gives; trained on the CPU: resumed with cuda on the GPU."""
+    common = ["dataset=copy", "dataset.delay=4", "dataset.length=3", "dataset.train_size=64", "dataset.val_size=16", "dataset.test_size=16",
+              "dataset.batch_size=16", "trainer.val_check_interval=2", "trainer.num_sanity_val_steps=0",
+              "float32_matmul_precision=highest"]
+    gpu = tmp_path / "gpu"
+    train(make_cfg(gpu, *common, "backend=cuda", "trainer.accelerator=gpu", "trainer.max_steps=2"))
+    ckpt = gpu / "checkpoints" / "last.ckpt"
+    on_cpu = load_task(ckpt, "cpp", "cpu")[0]
+    tokens = torch.randint(0, on_cpu.net.embedding.num_embeddings, (6, 3))
+    on_gpu = load_task(ckpt, "cuda", "cuda")[0].net(tokens.cuda())[0].cpu()
+    torch.testing.assert_close(on_cpu.net(tokens)[0], on_gpu, rtol=1e-4, atol=1e-5)
+    metrics = train(make_cfg(gpu, *common, "backend=cpp", "trainer.accelerator=cpu", "trainer.max_steps=4", f"ckpt_path={ckpt}"))
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 4 and math.isfinite(metrics["val/loss"])
+    metrics = train(make_cfg(gpu, *common, "backend=cuda", "trainer.accelerator=gpu", "trainer.max_steps=6", f"ckpt_path={ckpt}"))
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 6

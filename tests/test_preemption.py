@@ -27,11 +27,11 @@ ADDING = ["dataset=adding", "dataset.seq_len=10", "dataset.train_size=400", "dat
 class SignalAt(L.Callback):
     """Sends the process a signal at the start of a given step, as a scheduler or a user would."""
 
-    def __init__(self, step: int, signum: int) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int, rank: int | None = None) -> None:
+        self.step, self.signum, self.rank = step, signum, rank  # rank: under DDP, only that process gets it
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

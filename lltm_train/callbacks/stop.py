@@ -36,9 +36,11 @@ class StopCheckpoint(Callback):
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
-        self.received: str | None = None  # the signal that asked to stop
+        self.received: str | None = None  # the signal this process received
+        self.stop_with: str | None = None  # the signal training stops for (under DDP, what the processes agreed)
         self.saved: Path | None = None
         self._previous: dict[int, object] = {}
+        self._world_size = 1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -54,25 +56,45 @@ class StopCheckpoint(Callback):
             return
         self.received = signal.Signals(signum).name
         previous = self._previous.get(signum)
-        if signum == signal.SIGTERM and callable(previous):
-            previous(signum, frame)  # Lightning's own notifier (it tells the other ranks under DDP)
+        if signum == signal.SIGTERM and callable(previous) and not self._distributed:
+            previous(signum, frame)  # Lightning's notifier; under DDP it would run a collective in this handler
+
+    @property
+    def _distributed(self) -> bool:
+        return self._world_size > 1
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._world_size = trainer.world_size
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if self.received is not None and self.saved is None:
+        if self.stop_with is None:
+            self.stop_with = self._agree(trainer, pl_module) if self._distributed else self.received
+        if self.stop_with is not None and self.saved is None:
             self._save(trainer, pl_module)  # the state after this step; the stop comes once its logs are written
 
+    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        """Under DDP every process must stop at the same step and save there together (saving is
+        collective), although a signal may reach one process only, or each at another step. At each logging
+        step (one all processes are at) they share what they received: any signal stops them all."""
+        if trainer.global_step % max(1, trainer.log_every_n_steps):
+            return None
+        code = torch.tensor(float({None: 0, "SIGTERM": 1, "SIGINT": 2}[self.received]), device=pl_module.device)
+        return (None, "SIGTERM", "SIGINT")[int(trainer.strategy.reduce(code, reduce_op="max"))]
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if self.received is not None:  # Lightning stops on SIGTERM itself, after the step's logs; SIGINT stops here
+        # SIGINT stops here too (Lightning alone stops on SIGTERM only); one process stops at once
+        if self.stop_with is not None or (self.received is not None and not self._distributed):
             raise SIGTERMException()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException) and self.received is not None:
-            if self.saved is None:
+        stop = self.stop_with or self.received
+        if isinstance(exception, SIGTERMException) and stop is not None:
+            if self.saved is None and not self._distributed:
                 self._save(trainer, pl_module)
             where = f"the state after step {trainer.global_step} is in {self.saved}" if self.saved else "nothing was saved"
-            _say(f"lltm-train: stopped by {self.received}; {where}; resume with {run_dir_override(self.path.parent.parent)} "
+            _say(f"lltm-train: stopped by {stop}; {where}; resume with {run_dir_override(self.path.parent.parent)} "
                  "ckpt_path=last")
-            exception.code = EXIT_CODES[self.received]  # the exit status a scheduler reads
+            exception.code = EXIT_CODES[stop]  # the exit status a scheduler reads
         elif isinstance(exception, NonFiniteError) and self.saved is None:
             self._save(trainer, pl_module)
             if self.saved is not None:

@@ -1,0 +1,227 @@
+"""``lltm-report DIR``: one table (and plots) comparing the runs of a run folder or of a whole sweep.
+
+It reads what each run left: TensorBoard's event files (through tensorboard's own ``EventAccumulator``),
+``.hydra/overrides.yaml`` and ``.hydra/config.yaml``, the logger's ``hparams.yaml``, ``error.txt`` of a failed
+sweep job and ``checkpoints/last.ckpt``'s step. It writes ``report.md`` and ``report.csv`` (one row per run,
+best metric first; failed and unfinished runs are listed too), and PNG plots with matplotlib: the
+validation metric against step and against wall-clock seconds, the smoothed training loss, and tokens/s
+per run. A folder copied from another machine works: nothing but these files is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# wall_s: seconds from the run's first logged value to its last; tokens_per_s: the mean of its logged windows
+COLUMNS = ["run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
+           "peak_cuda_mib", "wall_s", "parameters"]
+
+
+@dataclass
+class Run:
+    """What one run folder says about the run."""
+
+    path: Path
+    status: str = "finished"
+    overrides: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+    cell: str = ""
+    parameters: int | None = None
+    curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, wall time, value)
+
+    def curve(self, tag: str) -> list[tuple[int, float, float]]:
+        return self.curves.get(tag, [])
+
+
+def _yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError:
+        return None
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run folders under ``root`` (itself included): those with a ``.hydra`` folder or TensorBoard events."""
+    found = {p.parent for p in root.rglob(".hydra") if p.is_dir()}
+    found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == "tensorboard"}
+    return sorted(found)
+
+
+def read_run(path: Path) -> Run:
+    """Reads one run folder; a run with no events is reported as such, not dropped."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its reader logs each file it moves to
+    run = Run(path)
+    overrides = _yaml(path / ".hydra" / "overrides.yaml") or []
+    run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra."))
+    config = _yaml(path / ".hydra" / "config.yaml") or {}
+    hparams = _yaml(path / "tensorboard" / "hparams.yaml") or {}
+    run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
+    run.cell = str((config.get("model") or {}).get("cell", ""))
+    run.parameters = hparams.get("num_parameters")
+    if (path / "tensorboard").is_dir():
+        acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+    max_steps = (config.get("trainer") or {}).get("max_steps")
+    last_step = max((s for c in run.curves.values() for s, _, _ in c), default=None)
+    if (path / "error.txt").is_file():
+        first = (path / "error.txt").read_text().splitlines()[:1]
+        run.status = "failed: " + (first[0][:80] if first else "")
+    elif not run.curves:
+        run.status = "no events (crashed before logging, or still starting)"
+    elif isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps:
+        run.status = f"unfinished at step {last_step + 1} of {max_steps} (running, or stopped)"
+    return run
+
+
+def summarise(runs: list[Run], metric: str) -> list[dict]:
+    """One row per run (see COLUMNS), best final ``metric`` first, runs without it last."""
+    keys = sorted({k for r in runs for k in r.overrides})
+    changed = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+    rows = []
+    for r in runs:
+        values = r.curve(metric)
+        best = min(values, key=lambda e: e[2]) if values else None
+        tokens = [v for _, _, v in r.curve("throughput/tokens_per_s")]
+        memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
+        times = [t for c in r.curves.values() for _, t, _ in c]
+        rows.append({
+            "run": str(r.path), "status": r.status,
+            "changed": " ".join(f"{k}={r.overrides.get(k, '-')}" for k in changed),
+            "backend": r.backend, "cell": r.cell,
+            "final": values[-1][2] if values else None, "best": best[2] if best else None,
+            "best_step": best[0] if best else None,
+            "tokens_per_s": sum(tokens) / len(tokens) if tokens else None,
+            "peak_cuda_mib": max(memory) if memory else None,
+            "wall_s": max(times) - min(times) if times else None, "parameters": r.parameters,
+        })
+    return sorted(rows, key=lambda row: (row["final"] is None, row["final"] if row["final"] is not None else 0))
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def markdown(rows: list[dict], metric: str) -> str:
+    head = [c if c not in ("final", "best") else f"{c} {metric}" for c in COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(_cell(row[c]).replace("|", "/") for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:  # runs with no values draw nothing to label
+        ax.legend(fontsize=7)
+
+
+def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
+    """The PNG plots; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    label = {r.path: r.path.name for r in runs}
+    written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
+
+    for x, name in (("step", "metric_vs_step.png"), ("seconds", "metric_vs_time.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in runs:
+            values = r.curve(metric)
+            if values:
+                start = min(t for c in r.curves.values() for _, t, _ in c)
+                xs = [s for s, _, _ in values] if x == "step" else [t - start for _, t, _ in values]
+                ax.plot(xs, [v for _, _, v in values], marker="o", ms=3, label=label[r.path])
+        ax.set(xlabel="step" if x == "step" else "wall-clock seconds since the run's first log", ylabel=metric)
+        _legend(ax)
+        save(fig, name)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        values, smooth, ema = r.curve("train/loss"), [], None
+        for _, _, v in values:  # exponential moving average, as TensorBoard's smoothing of 0.9
+            ema = v if ema is None else 0.9 * ema + 0.1 * v
+            smooth.append(ema)
+        if values:
+            ax.plot([s for s, _, _ in values], smooth, label=label[r.path])
+    ax.set(xlabel="step", ylabel="train/loss (smoothed)")
+    _legend(ax)
+    save(fig, "train_loss.png")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [label[r.path] for r in runs]
+    rates = [(lambda t: sum(t) / len(t) if t else 0.0)([v for _, _, v in r.curve("throughput/tokens_per_s")]) for r in runs]
+    ax.barh(names, rates)
+    ax.set(xlabel="tokens/s (run average)")
+    save(fig, "tokens_per_s.png")
+    return written
+
+
+class ReportCallback:
+    """A Hydra callback (``hydra.callbacks``) that writes the report of a sweep when it ends: what
+    ``experiment=compare_backends`` uses."""
+
+    def __init__(self, metric: str = "val/loss") -> None:
+        self.metric = metric
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        try:
+            main([str(config.hydra.sweep.dir), "--metric", self.metric])
+        except SystemExit as exc:  # a sweep whose jobs all failed before logging: say so, keep the exit status
+            print(f"lltm-report: no report (status {exc.code})", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="lltm-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", help="a run folder, or a sweep's folder (multirun/<date_time>)")
+    parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: DIR)")
+    parser.add_argument("--metric", default="val/loss", help="the validation metric to rank by, lower is better "
+                        "(val/loss, val/bpc, val/mae, ...)")
+    a = parser.parse_args(argv)
+    root = Path(a.dir)
+    if not root.is_dir():
+        print(f"lltm-report: error: no such folder: {root}", file=sys.stderr)
+        sys.exit(2)
+    paths = find_runs(root)
+    if not paths:
+        print(f"lltm-report: error: no runs in {root} (no .hydra folder or TensorBoard events below it)", file=sys.stderr)
+        sys.exit(2)
+    runs = [read_run(p) for p in paths]
+    rows = summarise(runs, a.metric)
+    for row in rows:
+        row["run"] = str(Path(row["run"]).relative_to(root)) if Path(row["run"]) != root else "."
+    out = Path(a.out) if a.out else root
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows, a.metric)
+    plots = plot(runs, a.metric, out)
+    (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by the final {a.metric} (lower is better).\n\n{table}\n"
+                                   + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
+    with open(out / "report.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v) for k, v in row.items()}
+                         for row in rows)
+    print(table + f"lltm-report: wrote {out / 'report.md'}, report.csv and {len(plots)} plots")
+
+
+if __name__ == "__main__":
+    main()
