@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.errors import HydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
@@ -149,7 +150,7 @@ def _pin_job_for_ddp_processes() -> None:
         hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
 
 
-class FailedJobs:
+class FailedJobs(Callback):
     """A Hydra callback (conf/config.yaml): at the end of a sweep, adds the jobs that failed in other
     processes (hydra/launcher=local or slurm run each job in its own) to the failed jobs this process
     counts, from the ``error.txt`` each failed job leaves in its folder."""
@@ -214,7 +215,34 @@ def _sweep_group_settings(argv: list[str]) -> list[str]:
     return [f"++{a}" if a.partition(".")[0] in swept and "=" in a and not a.startswith(("+", "~")) else a for a in argv]
 
 
+def _resumed_run_overrides(argv: list[str]) -> list[str]:
+    """A resume (``hydra.run.dir=DIR ckpt_path=...``) of a run that recorded its command line settings
+    (``DIR/.hydra/overrides.yaml``) starts from them: ``argv`` with those settings put first, so that the
+    ones given now still win. Without this a resume would run with the defaults for every setting not
+    repeated (4,500 steps where the run asked for 300)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [a for a in argv[1:] if not a.startswith("-")]
+    try:
+        parsed = {o.key_or_group: o for o in OverridesParser.create().parse_overrides(given)}
+    except Exception:  # noqa: BLE001 - a bad command line: Hydra reports it
+        return argv
+    if "ckpt_path" not in parsed or "hydra.run.dir" not in parsed or "-m" in argv or "--multirun" in argv:
+        return argv
+    record = Path(str(parsed["hydra.run.dir"].value())) / ".hydra" / "overrides.yaml"
+    if not record.is_file():
+        return argv
+    saved = [o for o in OmegaConf.to_container(OmegaConf.load(record))
+             if isinstance(o, str) and not o.lstrip("+~").startswith(("hydra.", "ckpt_path="))]
+    ours = {o.lstrip("+~").split("=", 1)[0] for o in given}
+    saved = [o for o in saved if o.lstrip("+~").split("=", 1)[0] not in ours]
+    if saved:
+        print(f"lltm-train: resuming with the run's own settings ({record}): {' '.join(saved)}", file=sys.stderr)
+    return [argv[0], *saved, *argv[1:]]
+
+
 def main() -> None:
+    sys.argv = _resumed_run_overrides(sys.argv)
     sys.argv = _sweep_group_settings(sys.argv)
     # for jobs that run in other processes (hydra/launcher=slurm or local), which have other command lines
     os.environ[_SWEPT_KEYS] = ",".join(sorted(_swept_keys(sys.argv)))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from hydra.experimental.callback import Callback
 
 # wall_s: seconds from the run's first logged value to its last; tokens_per_s: the mean of its logged windows
 COLUMNS = ["run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
@@ -176,7 +177,7 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     return written
 
 
-class ReportCallback:
+class ReportCallback(Callback):
     """A Hydra callback (``hydra.callbacks``) that writes the report of a sweep when it ends: what
     ``experiment=compare_backends`` uses."""
 

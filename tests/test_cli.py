@@ -177,3 +177,15 @@ def test_experiment_recipes_compose_and_check(tmp_path):
     assert {"shakespeare_long", "smnist_rows", "psmnist", "japanese_vowels", "adding", "copy", "co2"} <= set(names)
     for name in names:
         check_config(compose_cfg(tmp_path, f"experiment={name}"))
+
+
+def test_a_resume_starts_from_the_runs_own_command_line_settings(tmp_path):
+    """`hydra.run.dir=DIR ckpt_path=last`, as the README and the stop message say, with nothing else
+    repeated: the run's settings (.hydra/overrides.yaml) apply, and settings given now win."""
+    first = lltm_train(tmp_path, *TINY, "trainer.max_steps=4", "model.hidden_size=6", "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = lltm_train(tmp_path, "hydra.run.dir=run", "ckpt_path=last", "trainer.max_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming with the run's own settings" in resumed.stderr and "trainer.max_steps=4" not in resumed.stderr
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 6 and ckpt["hyper_parameters"]["hidden_size"] == 6

@@ -31,7 +31,7 @@ class SignalAt(L.Callback):
         self.step, self.signum, self.rank = step, signum, rank  # rank: under DDP, only that process gets it
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and trainer.ckpt_path is None:
             os.kill(os.getpid(), self.signum)
 
 
@@ -115,7 +115,8 @@ class SigkillAt(L.Callback):
         self.step = step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
+        # a fresh run only: a resume starts from the run's own settings, this callback included
+        if trainer.global_step == self.step and trainer.ckpt_path is None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -101,10 +101,10 @@ std::vector<std::string> characters(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cerr << "usage: lltm-generate-cpp MODEL.pt [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
                  "[--seed S]\n";
-    return 2;
+    return argc < 2 ? 2 : 0;
   }
   std::map<std::string, std::string> opt{{"--prompt", "\n"}, {"--length", "500"}, {"--temperature", "0.8"},
                                          {"--top-k", "0"}, {"--seed", "0"}};
