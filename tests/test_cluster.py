@@ -11,17 +11,17 @@ TINY = [*ADDING, "dataset.train_size=64", "trainer.val_check_interval=2", "callb
 
 def test_a_sweep_runs_its_jobs_through_submitit(tmp_path):
     """hydra/launcher=local: the jobs run as submitit's processes, each in its folder named by its settings."""
-    result = run(tmp_path, "-m", "hydra/launcher=local", *TINY, "trainer.max_steps=4", "seed=1,2", "model.hidden_size=8,-1",
+    result = run(tmp_path, "-m", "hydra/launcher=local", *TINY, "trainer.max_steps=4", "model.hidden_size=8,-1",
                  "hydra.sweep.dir=multi")
     sweep = tmp_path / "multi"
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert sorted(j.split("_", 1)[1] for j in jobs) == sorted(f"model.hidden_size={h}_seed={s}" for h in (8, -1) for s in (1, 2))
+    assert sorted(j.split("_", 1)[1] for j in jobs) == ["model.hidden_size=-1", "model.hidden_size=8"]
     assert any((sweep / ".submitit").iterdir())  # submitit's own records of the jobs
     good, bad = [j for j in jobs if "=8" in j], [j for j in jobs if "=-1" in j]
-    assert [torch.load(sweep / j / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] for j in good] == [4, 4]
+    assert [torch.load(sweep / j / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] for j in good] == [4]
     # the failed jobs ran in submitit's processes: still counted here, in the exit status and one line
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "2 job(s) of the sweep failed" in result.stderr and all((sweep / j / "error.txt").is_file() for j in bad)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "1 job(s) of the sweep failed" in result.stderr and all((sweep / j / "error.txt").is_file() for j in bad)
 
 
 def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):

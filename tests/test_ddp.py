@@ -63,6 +63,7 @@ def test_ddp_trains_as_one_process_with_the_global_batch_and_validates_every_sam
     assert [s for s, _ in scalars(ddp, "train/loss")] == list(range(18))
 
 
+@pytest.mark.slow
 def test_ddp_with_gradient_accumulation_trains_as_one_process_with_the_same_samples_per_step(tmp_path):
     """2 processes x 8 samples x 2 accumulated batches against 1 process x 16 x 2: the same 32 samples a step."""
     accumulate = [*COMMON, "trainer.max_steps=6", "+trainer.accumulate_grad_batches=2"]
@@ -84,6 +85,7 @@ def test_ddp_is_lltm_trains_strategy_with_a_static_graph_unless_gradients_accumu
     assert not isinstance(_prepare(make_cfg(tmp_path, "dataset=adding"))[2].strategy, DDPStrategy)
 
 
+@pytest.mark.slow
 def test_a_stateful_ddp_run_checkpoints_every_processs_carried_state_and_resumes_it(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("".join(chr(97 + (i * i + 3 * i) % 26) + ("." if i % 9 == 0 else " ") for i in range(6000)))
@@ -104,7 +106,9 @@ def test_a_stateful_ddp_run_checkpoints_every_processs_carried_state_and_resumes
 
 
 
-@pytest.mark.parametrize("signum, rank, status", [(signal.SIGTERM, 0, 143), (signal.SIGTERM, 1, 143), (signal.SIGINT, None, 130)],
+@pytest.mark.parametrize("signum, rank, status", [pytest.param(signal.SIGTERM, 0, 143, marks=pytest.mark.slow),
+                                                  (signal.SIGTERM, 1, 143),
+                                                  pytest.param(signal.SIGINT, None, 130, marks=pytest.mark.slow)],
                          ids=["SIGTERM to process 0", "SIGTERM to process 1", "SIGINT to both"])
 def test_a_signal_to_any_ddp_process_stops_all_at_one_step_with_one_checkpoint(tmp_path, signum, rank, status):
     """The processes agree at the next logging step (every 4th here), save together there and exit: no

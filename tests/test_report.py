@@ -6,6 +6,8 @@ import csv
 import subprocess
 import sys
 
+import pytest
+
 from test_preemption import ADDING, run
 
 TINY = [*ADDING, "dataset.train_size=64", "trainer.val_check_interval=2", "callbacks.progress_bar.refresh_rate=0",
@@ -49,6 +51,7 @@ def test_an_empty_folder_is_a_clear_error(tmp_path):
     assert result.returncode == 2 and "no runs in" in result.stderr
 
 
+@pytest.mark.slow
 def test_compare_backends_sweeps_every_backend_here_and_every_cell_then_reports(tmp_path):
     import lltm_train
 
