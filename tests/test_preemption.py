@@ -52,7 +52,8 @@ def run(cwd, *overrides):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_the_step_under_way_and_exits_non_zero(tmp_path, signum, status):
     common = [*ADDING, "trainer.max_steps=12", "trainer.val_check_interval=10", "hydra.run.dir=run"]
     result = run(tmp_path, *common, "+callbacks.signal_at._target_=test_preemption.SignalAt", "+callbacks.signal_at.step=6",
@@ -133,7 +134,9 @@ STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "datase
            *EXACT[EXACT.index("trainer.log_every_n_steps=1"):]]
 
 
-@pytest.mark.parametrize("settings, killed_at, resumed_from", [(EXACT, 23, 20), (EXACT, 43, 40), (STREAMS, 23, 20)],
+@pytest.mark.parametrize("settings, killed_at, resumed_from",
+                         [(EXACT, 23, 20), pytest.param(EXACT, 43, 40, marks=pytest.mark.slow),
+                          pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow)],
                          ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch"])
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, settings, killed_at, resumed_from):
     """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
