@@ -33,7 +33,7 @@ from .config import ConfigError, config_dir
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
-_failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs
+_failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs (see FailedJobs)
 _started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
@@ -151,24 +151,20 @@ def _pin_job_for_ddp_processes() -> None:
 
 
 class FailedJobs(Callback):
-    """A Hydra callback (conf/config.yaml): at the end of a sweep, adds the jobs that failed in other
-    processes (hydra/launcher=local or slurm run each job in its own) to the failed jobs this process
-    counts, from the ``error.txt`` each failed job leaves in its folder."""
+    """A Hydra callback (conf/config.yaml): when a sweep ends, collects its failed jobs from the ``error.txt``
+    each leaves in its folder, wherever it ran (in this process, or in its own with hydra/launcher=local or
+    slurm), for the summary line and the exit status."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        known = {Path(entry.split(": ", 1)[0]).resolve() for entry in _failed_jobs}
-        for error in sorted(sweep_dir.glob("*/error.txt")):
-            if error.parent not in known and error.stat().st_mtime >= _started:
-                first = (error.read_text().splitlines() or [""])[0]
-                _failed_jobs.append(f"{error.parent}: {first}")
+        for error in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/error.txt")):
+            if error.stat().st_mtime >= _started:
+                _failed_jobs.append(f"{error.parent}: {(error.read_text().splitlines() or [''])[0]}")
 
 
 def _record_failed_job(job_dir: Path, exc: BaseException, message: str) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "error.txt").write_text(message + "\n\n" + "".join(traceback.format_exception(exc)))
     print(f"lltm-train: error in job {job_dir.name}: {message}", file=sys.stderr, flush=True)
-    _failed_jobs.append(f"{job_dir}: {message}")
 
 
 def _remove_if_empty(run_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import lightning as L
@@ -64,8 +65,6 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
 
 def _check_processes(cfg: DictConfig, trainer: L.Trainer, datamodule: SequenceDataModule) -> None:
     """Multi-process settings that would otherwise hang, crash part-way or lose the run's state."""
-    import os
-
     strategy = cfg.trainer.get("strategy")
     if isinstance(strategy, str) and any(word in strategy for word in ("spawn", "fork", "notebook")):
         raise ConfigError(f"trainer.strategy={strategy}: the process that starts the others keeps a stale copy of the "
