@@ -17,6 +17,7 @@ median of ``--repeats`` timings, every contender measured in the same process on
     lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell
     lltm-bench --device cuda --dtype bfloat16 --json bench.json
     lltm-bench --training --device cuda --steps 300
+    lltm-bench --sweep T --plot plots/           # tokens/s and memory against T (or B, H): bench_sweep.py
 """
 
 from __future__ import annotations
@@ -259,6 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training")
     parser.add_argument("--jit", action="store_true", help="the default model's forward as eager, TorchScript, "
                         "torch.compile and torch.export (batch 1 and 64)")
+    parser.add_argument("--sweep", choices=["T", "B", "H"], help="one layer's tokens/s and memory against the "
+                        "sequence length, batch or hidden size (lltm_train/bench_sweep.py)")
+    parser.add_argument("--values", help="with --sweep: comma-separated sizes (default: by device)")
+    parser.add_argument("--plot", metavar="DIR", help="with --sweep: write the plot scaling_<device>_<dim>.png here")
     parser.add_argument("--json", help="write the raw figures and the machine to this file")
     args = parser.parse_args(argv)
     configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
@@ -267,6 +272,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
+    if (args.values or args.plot) and not args.sweep:
+        parser.error("--values and --plot go with --sweep")
+    try:
+        values = [int(v) for v in args.values.split(",")] if args.values else None
+    except ValueError:
+        parser.error(f"--values: comma-separated whole numbers, not {args.values!r}")
+    if values and min(values) < 1:
+        parser.error("--values: sizes must be at least 1")
     if args.repeats < 1 or args.steps < 10 or (args.threads is not None and args.threads < 1):
         parser.error("--repeats and --threads must be at least 1, --steps at least 10")
     if args.json:
@@ -281,7 +294,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     machine = _machine(device, args)
     print(f"lltm-bench: {machine}", flush=True)
-    if args.jit:
+    if args.sweep:
+        from .bench_sweep import plot_sweep, run_sweep
+
+        results = run_sweep(args.sweep, device, args.repeats, values)
+        if args.plot:
+            print(f"lltm-bench: wrote {plot_sweep(results, machine, args.plot)}", flush=True)
+    elif args.jit:
         from .bench_jit import run_jit
 
         results = run_jit(device, args.repeats)

@@ -44,8 +44,16 @@ def _swept_settings() -> str:
     swept = set(filter(None, os.environ.get(_SWEPT_KEYS, "").split(","))) if _SWEPT_KEYS in os.environ else _swept_keys(sys.argv)
     swept |= {str(k) for k in (HydraConfig.get().sweeper.get("params") or {})}  # a config's sweep (an experiment's)
     task = HydraConfig.get().overrides.task
-    parts = [o.lstrip("+~") for o in task if o.lstrip("+~").partition("=")[0] in swept]
+    parts = [_short(o.lstrip("+~")) for o in task if o.lstrip("+~").partition("=")[0] in swept]
     return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
+
+
+def _short(override: str) -> str:
+    """``lr=0.0013667205080640642`` -> ``lr=0.001367``: a long float (an Optuna trial's) to 4 digits."""
+    key, _, value = override.partition("=")
+    if re.fullmatch(r"-?\d*\.\d{7,}(e-?\d+)?", value):
+        return f"{key}={float(value):.4g}"
+    return override
 
 
 def _swept_keys(argv: list[str]) -> set[str]:
@@ -92,7 +100,7 @@ def _run(cfg: DictConfig) -> float | None:
     argv, environ = sys.argv, dict(os.environ)
     _pin_job_for_ddp_processes()
     try:
-        return train(cfg).get("val/loss")  # what a sweeper would minimise
+        return train(cfg).get(cfg.optimized_metric)  # what a sweeper optimises (None: the run did not log it)
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise

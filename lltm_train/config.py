@@ -133,7 +133,8 @@ def check_config(cfg: DictConfig) -> None:
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, f"callbacks.{name}")
-    for key, kind in {"seed": int, "test": bool, "backend": str, "float32_matmul_precision": str}.items():
+    for key, kind in {"seed": int, "test": bool, "backend": str, "float32_matmul_precision": str,
+                      "optimized_metric": str}.items():
         value = cfg.get(key)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")

@@ -22,7 +22,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 # wall_s: seconds from the run's first logged value to its last; tokens_per_s: the mean of its logged windows
-COLUMNS = ["run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
+COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
            "peak_cuda_mib", "wall_s", "parameters"]
 
 
@@ -98,7 +98,7 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
         memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
         times = [t for c in r.curves.values() for _, t, _ in c]
         rows.append({
-            "run": str(r.path), "status": r.status,
+            "rank": None, "run": str(r.path), "status": r.status,
             "changed": " ".join(f"{k}={r.overrides.get(k, '-')}" for k in changed),
             "backend": r.backend, "cell": r.cell,
             "final": values[-1][2] if values else None, "best": best[2] if best else None,
@@ -107,7 +107,10 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
             "peak_cuda_mib": max(memory) if memory else None,
             "wall_s": max(times) - min(times) if times else None, "parameters": r.parameters,
         })
-    return sorted(rows, key=lambda row: (row["final"] is None, row["final"] if row["final"] is not None else 0))
+    rows.sort(key=lambda row: (row["final"] is None, row["final"] if row["final"] is not None else 0))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank if row["final"] is not None else None
+    return rows
 
 
 def _cell(value) -> str:
@@ -137,7 +140,8 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    label = {r.path: r.path.name for r in runs}
+    # a run's folder name (a sweep job's number and settings), cut short: long legends squeeze the plot away
+    label = {r.path: r.path.name if len(r.path.name) <= 40 else r.path.name[:39] + "…" for r in runs}
     written = []
 
     def save(fig, name):
@@ -175,6 +179,15 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     ax.set(xlabel="tokens/s (run average)")
     save(fig, "tokens_per_s.png")
     return written
+
+
+def _optuna_summary(root: Path) -> str:
+    """Optuna's verdict from the sweep's optimization_results.yaml (hparams_search), if there is one."""
+    results = _yaml(root / "optimization_results.yaml")
+    if not isinstance(results, dict) or "best_params" not in results:
+        return ""
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results["best_params"].items())
+    return f"Optuna's best trial: {params} (value {results.get('best_value')}).\n\n"
 
 
 class ReportCallback(Callback):
@@ -215,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(rows, a.metric)
     plots = plot(runs, a.metric, out)
     (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by the final {a.metric} (lower is better).\n\n{table}\n"
+                                   + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
     with open(out / "report.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -21,6 +21,7 @@ from .config import ConfigError, check_config
 from .data import SequenceDataModule
 from .strategies import DDPStrategy
 from .tasks import LLTMTask
+from .tb_views import describe_run, end_run, metric_tags
 
 log = logging.getLogger("lltm_train")
 info = rank_zero_only(log.info)  # once, not once per DDP process
@@ -89,7 +90,7 @@ def _logger_resume_args(logger_cfg: DictConfig, resumed_step: int | None) -> dic
     from ``resumed_step`` on, which the resumed run logs again): each curve then has one point a step."""
     if resumed_step is None or get_class(logger_cfg._target_) is not TensorBoardLogger:
         return {}
-    return {"purge_step": resumed_step, "default_hp_metric": False}  # the first run wrote the placeholder
+    return {"purge_step": resumed_step}
 
 
 def _batches_per_step(trainer_cfg: DictConfig) -> dict:
@@ -177,13 +178,37 @@ def train(cfg: DictConfig) -> dict[str, float]:
         message = str(exc.__cause__ or exc).strip().splitlines()
         raise ConfigError(f"{type(exc.__cause__ or exc).__name__}: {' '.join(line.strip() for line in message)}") from exc
     output_dir = Path(cfg.paths.output_dir)
+    tags = metric_tags(task.metric_names, bool(cfg.test), trainer.strategy.root_device.type == "cuda")
+    optimized = cfg.get("optimized_metric")
+    if optimized and optimized not in tags:
+        raise ConfigError(f"optimized_metric={optimized}: {type(task).__name__} logs {', '.join(tags)}")
+    params = {**OmegaConf.to_container(cfg, resolve=True), "backend_used": backend_used,
+              "num_parameters": task.num_parameters()}
+    tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)] if trainer.is_global_zero else []
     for logger in trainer.loggers:
-        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "backend_used": backend_used,
-                                "num_parameters": task.num_parameters()})
+        logger.log_hyperparams(params)
+    for logger in tensorboards:  # the HPARAMS tab's row of this run, and the custom-scalars page
+        describe_run(logger, params, tags, task.metric_names)
     backend = f"backend {backend_used}" if backend_used != "none" else f"torch.nn.{cfg.model.cell.upper()}"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
+    try:
+        _fit_and_test(cfg, datamodule, task, trainer, ckpt, output_dir)
+    except Exception:
+        for logger in tensorboards:
+            end_run(logger, success=False)
+        raise
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    for logger in tensorboards:
+        end_run(logger, success=not trainer.interrupted)
+        logger.finalize("success")  # the Trainer closed its writer already: flush and close this one
+    _report(trainer, metrics, output_dir)
+    return metrics
+
+
+def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Trainer, ckpt: str | None,
+                  output_dir: Path) -> None:
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     _save_final_state(trainer, output_dir / "checkpoints")
     if _needs_final_validation(trainer, task):
@@ -196,11 +221,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
             log.warning(f"lltm-train: the best checkpoint {best} is gone; testing the final weights")
             best = ""
         trainer.test(task, datamodule=datamodule, ckpt_path=best or None)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if "val/loss" in metrics:
-        for logger in trainer.loggers:  # the figure TensorBoard's hparams view shows beside the config
-            logger.log_metrics({"hp_metric": metrics["val/loss"]}, step=trainer.global_step)
-            logger.finalize("success")  # the Trainer closed its writer already: flush and close this one
+
+
+def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> None:
+    """Adds the peak CUDA memory to ``metrics`` and prints the run's closing lines."""
     throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
     average = throughput.average_tokens_per_s if throughput else None
     if throughput and "memory/peak_cuda_mib" in throughput.last_figures:
@@ -211,4 +235,3 @@ def train(cfg: DictConfig) -> dict[str, float]:
          + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
          + (f"\n  best checkpoint: {best}" if best else "")
          + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
-    return metrics

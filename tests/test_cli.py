@@ -65,6 +65,7 @@ BAD = [
     (["float32_matmul_precision=low"], "float32_matmul_precision: expected highest, high or medium, got 'low'"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 would train nothing"),
+    (["optimized_metric=val/bpc"], "optimized_metric=val/bpc: RegressionTask logs val/loss, val/mae, val/mae_units, train/loss"),
 ]
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from test_preemption import ADDING, run
 
@@ -40,6 +41,30 @@ def test_a_sweep_report_ranks_the_runs_and_lists_the_failed_and_unfinished_ones(
     assert all(float(r["best"]) <= float(r["final"]) for r in finished)
     for name in ("report.md", "metric_vs_step.png", "metric_vs_time.png", "train_loss.png", "tokens_per_s.png"):
         assert (tmp_path / "multi" / name).stat().st_size > 0, name
+
+
+def test_an_optuna_search_minimises_the_returned_metric_and_goes_on_past_a_failed_trial(tmp_path):
+    # The recipe's search space, with the hidden size narrowed to a tiny model or an impossible one (-1)
+    tiny = [o for o in TINY if not o.startswith("model.hidden_size=")]
+    search = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/loss", *tiny, "hydra.sweeper.n_trials=4",
+                 "model.hidden_size=choice(6,-1)", "hydra.sweep.dir=search")
+    with open(tmp_path / "search" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    failed = [r for r in rows if r["status"].startswith("failed")]
+    finished = [r for r in rows if r["status"] == "finished"]
+    assert len(rows) == 4 and len(failed) + len(finished) == 4 and finished, search.stderr[-3000:]
+    assert search.returncode == len(failed)  # the number of failed jobs, as for any sweep
+    assert all("hidden_size must be a positive integer, got -1" in r["status"] for r in failed)
+    for r in rows:  # every trial got a value from each range of the search space
+        setting = dict(kv.split("=", 1) for kv in r["changed"].split())
+        assert 0.0005 <= float(setting["model.optimizer.lr"]) <= 0.02
+        assert 0.0 <= float(setting["model.dropout"]) <= 0.3
+        assert 0.0001 <= float(setting["model.optimizer.weight_decay"]) <= 0.1
+    assert [r["rank"] for r in rows] == [str(i + 1) for i in range(len(finished))] + [""] * len(failed)
+    result = yaml.safe_load((tmp_path / "search" / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(float(rows[0]["final"]), rel=1e-6)  # what the best job returned
+    assert result["best_params"]["model.hidden_size"] == 6
+    assert "Optuna's best trial: model.optimizer.lr=" in (tmp_path / "search" / "report.md").read_text()
 
 
 def _lltm_regressor_parameters(hidden: int, inputs: int = 2, outputs: int = 1) -> int:

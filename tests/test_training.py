@@ -7,6 +7,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
 from lltm_train.config import ConfigError, config_dir
@@ -195,19 +197,34 @@ def scalar_tags(run_dir):
 
 
 def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
-    metrics = train(make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8",
-                             "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2"))
+    cfg = make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], "trainer.max_steps=8", "model.hidden_size=24",
+                   "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2")
+    metrics = train(cfg)
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "val/loss", "val/bpc", "val/perplexity", "lr-AdamW", "train/grad_norm",
             "throughput/tokens_per_s", "throughput/samples_per_s", "throughput/step_ms"} <= tags
     assert all(v > 0 for _, v in scalars(tmp_path, "throughput/tokens_per_s"))
-    assert scalars(tmp_path, "hp_metric")[-1] == (8, pytest.approx(metrics["val/loss"]))  # the hparams view's figure
+    assert "hp_metric" not in tags  # no placeholder: the HPARAMS tab shows the run's own metrics
+    hparams_tab = {tag: HParamsPluginData.FromString(content) for tag, content in acc.PluginTagToContent("hparams").items()}
+    experiment = hparams_tab["_hparams_/experiment"].experiment
+    shown = [m.name.tag for m in experiment.metric_infos]
+    assert shown == ["val/loss", "val/bpc", "val/perplexity", "val/acc", "train/loss", "throughput/tokens_per_s"]
+    assert set(shown) <= tags  # each column's value is the last point of that curve
+    assert scalars(tmp_path, "val/bpc")[-1] == (7, pytest.approx(metrics["val/bpc"]))  # logged after step 8 (index 7)
+    start = hparams_tab["_hparams_/session_start_info"].session_start_info
+    assert start.hparams["backend_used"].string_value == "cpp"
+    assert start.hparams["model.hidden_size"].number_value == 24
+    assert hparams_tab["_hparams_/session_end_info"].session_end_info.status == 1  # STATUS_SUCCESS
+    layout = Layout.FromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert charts["loss (train and val)"] == ["^train/loss$", "^val/loss$"]
+    assert charts["validation metrics"] == ["^val/bpc$", "^val/perplexity$", "^val/acc$"]
     assert "sample" in "".join(acc.Tags()["tensors"])
     hparams = (tmp_path / "tensorboard" / "hparams.yaml").read_text()
     assert "backend_used: cpp" in hparams
-    _, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"]))
+    _, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"], "model.hidden_size=24"))
     assert f"num_parameters: {task.num_parameters()}" in hparams
 
 

@@ -40,6 +40,7 @@ class LLTMTask(L.LightningModule, ABC):
     """
 
     kinds: tuple[str, ...] = ()
+    metric_names: tuple[str, ...] = ("loss",)  # logged as val/<name> and test/<name>
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
                  baseline_loss: float | None = None, nonfinite: str = "stop") -> None:

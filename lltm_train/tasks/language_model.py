@@ -40,6 +40,7 @@ class LanguageModelTask(LLTMTask):
     """
 
     kinds = ("tokens",)
+    metric_names = ("loss", "bpc", "perplexity", "acc")
 
     def __init__(self, input_size: int, output_size: int, *, embedding_dim: int, hidden_size: int, num_layers: int,
                  dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,

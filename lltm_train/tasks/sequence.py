@@ -26,6 +26,7 @@ class ClassificationTask(LLTMTask):
     """
 
     kinds = ("classification",)
+    metric_names = ("loss", "acc")
 
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
                  bidirectional: bool, cell: str, backend: str, **kwargs) -> None:
@@ -55,6 +56,7 @@ class RegressionTask(LLTMTask):
     """
 
     kinds = ("regression",)
+    metric_names = ("loss", "mae", "mae_units")
 
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
                  bidirectional: bool, cell: str, backend: str, **kwargs) -> None:

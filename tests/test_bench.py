@@ -1,0 +1,58 @@
+"""lltm-bench --sweep: the scaling figures and plots (the figures themselves live in BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lltm_train.bench import main
+from lltm_train.bench_sweep import growth_exponent, saved_for_backward_mib
+
+
+@pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
+def test_growth_exponent_is_the_power_of_a_power_law(power):
+    xs = [1, 2, 4, 8, 16, 32]
+    # the lower half is off the law (launch overhead): the fit reads the upper half only
+    ys = [100.0, 100.0, 100.0] + [3.0 * x**power for x in xs[3:]]
+    assert growth_exponent(xs, ys) == pytest.approx(power, rel=1e-9)
+
+
+def test_saved_for_backward_counts_each_storage_once():
+    a = torch.randn(256, 1024, requires_grad=True)  # 1 MiB
+    b = torch.randn(256, 1024, requires_grad=True)
+    # a * b saves both factors; (a * b) * a saves a again (counted once) and the 1 MiB product
+    assert saved_for_backward_mib(lambda: ((a * b) * a).sum().backward()) == pytest.approx(3.0)
+
+
+def test_a_sweep_writes_its_figures_and_plot(tmp_path, capsys):
+    main(["--device", "cpu", "--sweep", "B", "--values", "1,2,4", "--repeats", "1", "--plot", str(tmp_path),
+          "--json", str(tmp_path / "sweep.json")])
+    result = json.loads((tmp_path / "sweep.json").read_text())["results"]
+    assert [p["B"] for p in result["points"]] == [1, 2, 4]
+    assert all(p["T"] == 64 and p["hidden_size"] == 128 for p in result["points"])  # the CPU base size
+    for point in result["points"]:
+        assert set(point["tokens_per_s"]) == {"nn.LSTM", "python", "cpp"}
+        assert point["check_rel_err"] < 1e-3
+        for label, seconds in point["seconds"].items():
+            assert point["tokens_per_s"][label] == pytest.approx(point["T"] * point["B"] / seconds)
+        # the LLTM keeps 3 gates to the LSTM's 4: less to save for the backward, and more with a larger batch
+        assert 0 < point["memory_mib"]["cpp"] < point["memory_mib"]["nn.LSTM"]
+    memory = [p["memory_mib"]["cpp"] for p in result["points"]]
+    assert memory == sorted(memory)
+    assert set(result["time_exponent"]) == {"nn.LSTM", "python", "cpp"}
+    assert (tmp_path / "scaling_cpu_B.png").stat().st_size > 10_000
+    assert "time ~ B^k" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--plot", "x"], "--values and --plot go with --sweep"),
+    (["--sweep", "T", "--values", "8,x"], "--values: comma-separated whole numbers"),
+    (["--sweep", "H", "--values", "0"], "--values: sizes must be at least 1"),
+    (["--sweep", "Q"], "invalid choice: 'Q'"),
+])
+def test_bad_sweep_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
