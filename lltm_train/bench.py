@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -272,14 +273,26 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
-    if (args.values or args.plot) and not args.sweep:
+    if (args.values is not None or args.plot) and not args.sweep:
         parser.error("--values and --plot go with --sweep")
+    if args.sweep and (args.jit or args.training or args.configs or args.dtype != "float32"):
+        parser.error("--sweep times float32 layers: it does not go with --jit, --training, --configs or --dtype")
+    if args.jit and args.training:
+        parser.error("--jit and --training are separate runs")
     try:
-        values = [int(v) for v in args.values.split(",")] if args.values else None
+        values = [int(v) for v in args.values.split(",")] if args.values is not None else None
     except ValueError:
         parser.error(f"--values: comma-separated whole numbers, not {args.values!r}")
-    if values and min(values) < 1:
-        parser.error("--values: sizes must be at least 1")
+    if values is not None and (not values or min(values) < 1 or len(set(values)) != len(values)):
+        parser.error("--values: distinct sizes of at least 1")
+    if args.plot:
+        try:
+            Path(args.plot).mkdir(parents=True, exist_ok=True)
+            probe = Path(args.plot) / ".lltm-bench-probe"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            parser.error(f"--plot: cannot write into {args.plot}: {exc.strerror or exc}")
     if args.repeats < 1 or args.steps < 10 or (args.threads is not None and args.threads < 1):
         parser.error("--repeats and --threads must be at least 1, --steps at least 10")
     if args.json:
@@ -297,8 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.sweep:
         from .bench_sweep import plot_sweep, run_sweep
 
-        results = run_sweep(args.sweep, device, args.repeats, values)
-        if args.plot:
+        results = run_sweep(args.sweep, device, args.repeats, sorted(values) if values else None)
+        if args.plot and results["points"]:
             print(f"lltm-bench: wrote {plot_sweep(results, machine, args.plot)}", flush=True)
     elif args.jit:
         from .bench_jit import run_jit

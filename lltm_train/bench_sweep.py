@@ -77,12 +77,19 @@ def run_sweep(dim: str, device: torch.device, repeats: int, values: list[int] | 
     python_limit = 64 * 32 * 512 if device.type == "cpu" else 2048 * 64 * 2048
     points = []
     for value in values:
-        row = _point(dim, value, device, repeats, python_limit)
+        try:
+            row = _point(dim, value, device, repeats, python_limit)
+        except (torch.OutOfMemoryError, RuntimeError) as exc:  # the CPU allocator raises a RuntimeError
+            if "memory" not in str(exc):
+                raise
+            print(f"{dim}={value:>5}: out of memory, and so every larger size: {str(exc).splitlines()[0][:120]}", flush=True)
+            break
         points.append(row)
         figures = ", ".join(f"{k} {v / 1e6:.3f} M tok/s ({row['memory_mib'][k]:.1f} MiB)" for k, v in row["tokens_per_s"].items())
         print(f"{dim}={value:>5} (T={row['T']}, B={row['B']}, H={row['hidden_size']}): {figures}", flush=True)
+    labels = list(dict.fromkeys(label for p in points for label in p["seconds"]))  # python leaves the large sizes out
     exponents = {}
-    for label in points[0]["seconds"]:
+    for label in labels:
         have = [p for p in points if label in p["seconds"]]
         exponents[label] = growth_exponent([p[dim] for p in have], [p["seconds"][label] for p in have])
     print(f"time ~ {dim}^k over the upper half: " + ", ".join(f"{k} k={v:.2f}" for k, v in exponents.items()), flush=True)
@@ -100,7 +107,7 @@ def plot_sweep(result: dict, machine: dict, out_dir: str | Path) -> Path:
     dim, points = result["dimension"], result["points"]
     device = "cpu" if machine["device"] == "cpu" else "cuda"
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in points[0]["seconds"]:
+    for label in result["time_exponent"]:
         have = [p for p in points if label in p["seconds"]]
         xs = [p[dim] for p in have]
         ax_speed.plot(xs, [p["tokens_per_s"][label] for p in have], marker="o",

@@ -10,6 +10,7 @@ named by the job number and the swept settings only.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -28,12 +29,13 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import ConfigError, config_dir
+from .report import higher_is_better
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
-_failed_jobs: list[str] = []  # "<job directory>: <error>" of a sweep's failed jobs (see FailedJobs)
+_failed_jobs: dict[str, str] = {}  # job directory -> error, of a sweep's failed jobs (here and in FailedJobs)
 _started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
@@ -45,7 +47,8 @@ def _swept_settings() -> str:
     swept |= {str(k) for k in (HydraConfig.get().sweeper.get("params") or {})}  # a config's sweep (an experiment's)
     task = HydraConfig.get().overrides.task
     parts = [_short(o.lstrip("+~")) for o in task if o.lstrip("+~").partition("=")[0] in swept]
-    return re.sub(r"[^A-Za-z0-9=._,-]+", "-", "_".join(parts))[:120]
+    named = re.sub(r"(\d)[eE]\+(\d)", r"\1e\2", "_".join(parts))  # 1e+30 -> 1e30: "+" would become "-" below
+    return re.sub(r"[^A-Za-z0-9=._,-]+", "-", named)[:200]  # a file name has at most 255 bytes
 
 
 def _short(override: str) -> str:
@@ -88,6 +91,8 @@ OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
 OmegaConf.register_new_resolver("lltm_accelerator", _accelerator_for, replace=True)
 OmegaConf.register_new_resolver("lltm_backends", _available_backends, replace=True)
 OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
+OmegaConf.register_new_resolver(  # hparams_search: maximise accuracies, minimise the rest
+    "lltm_direction", lambda metric: "maximize" if higher_is_better(str(metric)) else "minimize", replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
@@ -100,7 +105,12 @@ def _run(cfg: DictConfig) -> float | None:
     argv, environ = sys.argv, dict(os.environ)
     _pin_job_for_ddp_processes()
     try:
-        return train(cfg).get(cfg.optimized_metric)  # what a sweeper optimises (None: the run did not log it)
+        value = train(cfg).get(cfg.optimized_metric)  # what a sweeper optimises (None: the run did not log it)
+        if in_sweep and _optimising_sweeper() and (value is None or not math.isfinite(value)):
+            # Optuna cannot rank it, and a NaN would end the whole search: a failed trial instead
+            reason = "never logged" if value is None else f"{value} (the run diverged)"
+            return _record_failed_job(Path(cfg.paths.output_dir), None, f"optimized_metric {cfg.optimized_metric}: {reason}")
+        return value
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise
@@ -166,13 +176,22 @@ class FailedJobs(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         for error in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/error.txt")):
             if error.stat().st_mtime >= _started:
-                _failed_jobs.append(f"{error.parent}: {(error.read_text().splitlines() or [''])[0]}")
+                _failed_jobs.setdefault(str(error.parent), (error.read_text().splitlines() or [""])[0])
 
 
-def _record_failed_job(job_dir: Path, exc: BaseException, message: str) -> None:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "error.txt").write_text(message + "\n\n" + "".join(traceback.format_exception(exc)))
+def _optimising_sweeper() -> bool:
+    """True when the sweeper uses the jobs' return values (hparams_search: Hydra's Optuna sweeper)."""
+    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
+
+
+def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -> None:
+    _failed_jobs[str(job_dir.resolve())] = message
     print(f"lltm-train: error in job {job_dir.name}: {message}", file=sys.stderr, flush=True)
+    if any(p.stat().st_mtime < _started for p in job_dir.glob("checkpoints/*.ckpt")):
+        return  # the folder is an earlier run's (a sweep run again into the same hydra.sweep.dir): not ours to mark
+    job_dir.mkdir(parents=True, exist_ok=True)
+    trace = "".join(traceback.format_exception(exc)) if exc is not None else ""
+    (job_dir / "error.txt").write_text(message + "\n\n" + trace)
 
 
 def _remove_if_empty(run_dir: Path) -> None:
@@ -183,7 +202,10 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 def _fail(exc: BaseException) -> None:
     message = one_line(exc)
-    if not isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException)):
+    if not message:  # e.g. an assert inside a plugin (Hydra's Optuna sweeper checks its settings so)
+        cause = exc.__cause__ or exc.__context__ or exc
+        message = f"{type(cause).__name__} without a message; run with HYDRA_FULL_ERROR=1 for the traceback"
+    elif not isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException)):
         message = f"{type(exc).__name__}: {message}"
     print(f"lltm-train: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -240,12 +262,31 @@ def _resumed_run_overrides(argv: list[str]) -> list[str]:
              if isinstance(o, str) and not o.lstrip("+~").startswith(("hydra.", "ckpt_path="))]
     ours = {o.lstrip("+~").split("=", 1)[0] for o in given}
     saved = [o for o in saved if o.lstrip("+~").split("=", 1)[0] not in ours]
-    if saved:
-        print(f"lltm-train: resuming with the run's own settings ({record}): {' '.join(saved)}", file=sys.stderr)
-    return [argv[0], *saved, *argv[1:]]
+    if not saved:
+        return argv
+    print(f"lltm-train: resuming with the run's own settings ({record}): {' '.join(saved)}", file=sys.stderr)
+    # one run, also when the saved settings name a recipe that sweeps (experiment=compare_backends, hparams_search)
+    return [argv[0], *saved, "hydra.mode=RUN", *argv[1:]]
+
+
+_PATH_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "ckpt_path", "dataset.path")
+
+
+def _quote_paths(argv: list[str]) -> list[str]:
+    """Path settings quoted for Hydra's override grammar when they hold characters it reads, such as the
+    ``=`` of a sweep job's folder (``hydra.run.dir=multirun/x/0_lr=0.1``): the path is meant as written."""
+    quoted = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if (key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"" and "'" not in value
+                and not re.fullmatch(r"[\w./:+-]+", value)):
+            arg = f"{key}='{value}'"
+        quoted.append(arg)
+    return quoted
 
 
 def main() -> None:
+    sys.argv = [sys.argv[0], *_quote_paths(sys.argv[1:])]
     sys.argv = _resumed_run_overrides(sys.argv)
     sys.argv = _sweep_group_settings(sys.argv)
     # for jobs that run in other processes (hydra/launcher=slurm or local), which have other command lines
@@ -262,11 +303,17 @@ def main() -> None:
         _run()
         if _failed_jobs:
             print(f"lltm-train: {len(_failed_jobs)} job(s) of the sweep failed (their error.txt says why): "
-                  + "; ".join(_failed_jobs), file=sys.stderr)
+                  + "; ".join(f"{job}: {message}" for job, message in _failed_jobs.items()), file=sys.stderr)
             sys.exit(min(len(_failed_jobs), 125))
     except _REPORTED as exc:
         _fail(exc)
     except Exception as exc:  # noqa: BLE001
+        if "No trials are completed yet" in str(exc):  # Optuna, at the end of a search without one finished trial
+            for job, message in _failed_jobs.items():
+                print(f"lltm-train: failed: {job}: {message}", file=sys.stderr)
+            print("lltm-train: error: no trial of the search finished (hydra.sweeper.n_trials must be at least 1; "
+                  "each failed trial's reason is above and in its error.txt)", file=sys.stderr)
+            sys.exit(min(len(_failed_jobs), 125) or 2)
         if _job_started:  # a failure during training: a bug or the machine; keep the traceback
             raise
         _fail(exc)  # Hydra could not even start the job: the command line or the run directory is wrong

@@ -26,6 +26,14 @@ COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best
            "peak_cuda_mib", "wall_s", "parameters"]
 
 
+HIGHER_IS_BETTER = ("acc",)  # metric names (after the stage/) ranked best-highest; every other one best-lowest
+
+
+def higher_is_better(metric: str) -> bool:
+    """True for ``val/acc``-like metrics: a report ranks them, and a search (hparams_search) maximises them."""
+    return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
+
+
 @dataclass
 class Run:
     """What one run folder says about the run."""
@@ -79,6 +87,8 @@ def read_run(path: Path) -> Run:
     if (path / "error.txt").is_file():
         first = (path / "error.txt").read_text().splitlines()[:1]
         run.status = "failed: " + (first[0][:80] if first else "")
+    elif not run.curves and "logger" in config and not config["logger"]:
+        run.status = "not logged (logger=none)"
     elif not run.curves:
         run.status = "no events (crashed before logging, or still starting)"
     elif isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps:
@@ -87,29 +97,37 @@ def read_run(path: Path) -> Run:
 
 
 def summarise(runs: list[Run], metric: str) -> list[dict]:
-    """One row per run (see COLUMNS), best final ``metric`` first, runs without it last."""
+    """One row per run (see COLUMNS), best final ``metric`` first (highest for accuracies, else lowest); runs
+    without it, or whose final value is not finite (diverged), last and unranked."""
+    sign = -1.0 if higher_is_better(metric) else 1.0
     keys = sorted({k for r in runs for k in r.overrides})
     changed = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
     rows = []
     for r in runs:
-        values = r.curve(metric)
-        best = min(values, key=lambda e: e[2]) if values else None
+        values = [e for e in r.curve(metric) if math.isfinite(e[2])]
+        best = min(values, key=lambda e: sign * e[2]) if values else None
+        final = r.curve(metric)[-1][2] if r.curve(metric) else None
+        diverged = r.status == "finished" and final is not None and not math.isfinite(final)
+        status = f"diverged ({metric} = {final})" if diverged else r.status
         tokens = [v for _, _, v in r.curve("throughput/tokens_per_s")]
         memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
         times = [t for c in r.curves.values() for _, t, _ in c]
         rows.append({
-            "rank": None, "run": str(r.path), "status": r.status,
+            "rank": None, "run": str(r.path), "status": status,
             "changed": " ".join(f"{k}={r.overrides.get(k, '-')}" for k in changed),
             "backend": r.backend, "cell": r.cell,
-            "final": values[-1][2] if values else None, "best": best[2] if best else None,
+            "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
             "best_step": best[0] if best else None,
             "tokens_per_s": sum(tokens) / len(tokens) if tokens else None,
             "peak_cuda_mib": max(memory) if memory else None,
             "wall_s": max(times) - min(times) if times else None, "parameters": r.parameters,
         })
-    rows.sort(key=lambda row: (row["final"] is None, row["final"] if row["final"] is not None else 0))
-    for rank, row in enumerate(rows, 1):
-        row["rank"] = rank if row["final"] is not None else None
+    # ranked: the finished runs; then the unfinished and failed ones that logged the metric, then the others
+    rows.sort(key=lambda row: (row["status"] != "finished" or row["final"] is None, row["final"] is None,
+                               sign * row["final"] if row["final"] is not None else 0))
+    ranked = [row for row in rows if row["status"] == "finished" and row["final"] is not None]
+    for rank, row in enumerate(ranked, 1):
+        row["rank"] = rank
     return rows
 
 
@@ -186,6 +204,8 @@ def _optuna_summary(root: Path) -> str:
     results = _yaml(root / "optimization_results.yaml")
     if not isinstance(results, dict) or "best_params" not in results:
         return ""
+    if not isinstance(results["best_params"], dict):
+        return ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results["best_params"].items())
     return f"Optuna's best trial: {params} (value {results.get('best_value')}).\n\n"
 
@@ -208,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", help="a run folder, or a sweep's folder (multirun/<date_time>)")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: DIR)")
-    parser.add_argument("--metric", default="val/loss", help="the validation metric to rank by, lower is better "
-                        "(val/loss, val/bpc, val/mae, ...)")
+    parser.add_argument("--metric", default="val/loss", help="the validation metric to rank by: lower is better, "
+                        f"except for {', '.join(HIGHER_IS_BETTER)} (val/loss, val/bpc, val/acc, val/mae, ...)")
     a = parser.parse_args(argv)
     root = Path(a.dir)
     if not root.is_dir():
@@ -220,14 +240,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"lltm-report: error: no runs in {root} (no .hydra folder or TensorBoard events below it)", file=sys.stderr)
         sys.exit(2)
     runs = [read_run(p) for p in paths]
+    logged = sorted({tag for r in runs for tag in r.curves})
+    if logged and a.metric not in logged:
+        print(f"lltm-report: error: no run logged {a.metric}; the runs logged "
+              + ", ".join(t for t in logged if t.startswith(("val/", "test/", "train/loss"))), file=sys.stderr)
+        sys.exit(2)
+    out = Path(a.out) if a.out else root
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").touch()
+    except OSError as exc:
+        print(f"lltm-report: error: cannot write the report into {out}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(2)
     rows = summarise(runs, a.metric)
     for row in rows:
         row["run"] = str(Path(row["run"]).relative_to(root)) if Path(row["run"]) != root else "."
-    out = Path(a.out) if a.out else root
-    out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, a.metric)
     plots = plot(runs, a.metric, out)
-    (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by the final {a.metric} (lower is better).\n\n{table}\n"
+    better = "higher" if higher_is_better(a.metric) else "lower"
+    (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by the final {a.metric} ({better} is better; finished runs "
+                                   f"only).\n\n{table}\n"
                                    + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
     with open(out / "report.csv", "w", newline="") as f:

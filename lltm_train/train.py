@@ -178,17 +178,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
         message = str(exc.__cause__ or exc).strip().splitlines()
         raise ConfigError(f"{type(exc.__cause__ or exc).__name__}: {' '.join(line.strip() for line in message)}") from exc
     output_dir = Path(cfg.paths.output_dir)
-    tags = metric_tags(task.metric_names, bool(cfg.test), trainer.strategy.root_device.type == "cuda")
+    spec = getattr(datamodule, "task", None)  # mae_units only where the data has units (a scale other than 1)
+    names = [n for n in task.metric_names if n != "mae_units" or getattr(spec, "scale", 1.0) != 1.0]
+    tags = metric_tags(names, bool(cfg.test), trainer.strategy.root_device.type == "cuda")
     optimized = cfg.get("optimized_metric")
     if optimized and optimized not in tags:
-        raise ConfigError(f"optimized_metric={optimized}: {type(task).__name__} logs {', '.join(tags)}")
+        hint = " (test/ metrics need test=true)" if optimized.startswith("test/") and not cfg.test else ""
+        raise ConfigError(f"optimized_metric={optimized}: {type(task).__name__} logs {', '.join(tags)}{hint}")
     params = {**OmegaConf.to_container(cfg, resolve=True), "backend_used": backend_used,
               "num_parameters": task.num_parameters()}
     tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)] if trainer.is_global_zero else []
     for logger in trainer.loggers:
         logger.log_hyperparams(params)
     for logger in tensorboards:  # the HPARAMS tab's row of this run, and the custom-scalars page
-        describe_run(logger, params, tags, task.metric_names)
+        describe_run(logger, params, tags, names)
     backend = f"backend {backend_used}" if backend_used != "none" else f"torch.nn.{cfg.model.cell.upper()}"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
@@ -234,4 +237,5 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
     info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
          + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
          + (f"\n  best checkpoint: {best}" if best else "")
-         + f"\n  TensorBoard: tensorboard --logdir {output_dir}")
+         + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"
+            if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers) else ""))

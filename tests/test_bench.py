@@ -49,10 +49,24 @@ def test_a_sweep_writes_its_figures_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--plot", "x"], "--values and --plot go with --sweep"),
     (["--sweep", "T", "--values", "8,x"], "--values: comma-separated whole numbers"),
-    (["--sweep", "H", "--values", "0"], "--values: sizes must be at least 1"),
+    (["--sweep", "H", "--values", "0"], "--values: distinct sizes of at least 1"),
     (["--sweep", "Q"], "invalid choice: 'Q'"),
+    (["--sweep", "T", "--values", "8,8"], "--values: distinct sizes of at least 1"),
+    (["--sweep", "T", "--values", ""], "--values: comma-separated whole numbers"),
+    (["--sweep", "T", "--dtype", "bfloat16"], "--sweep times float32 layers: it does not go with --jit"),
+    (["--sweep", "T", "--training"], "--sweep times float32 layers"),
+    (["--sweep", "T", "--plot", "/proc/forbidden"], "--plot: cannot write into /proc/forbidden"),
 ])
 def test_bad_sweep_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--device", "cpu", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sizes_that_do_not_fit_in_memory_end_the_sweep_and_keep_the_points_measured(tmp_path, capsys):
+    main(["--device", "cpu", "--sweep", "B", "--values", "10000000000000,2", "--repeats", "1",  # given in any order
+          "--json", str(tmp_path / "sweep.json"), "--plot", str(tmp_path)])
+    result = json.loads((tmp_path / "sweep.json").read_text())["results"]
+    assert [p["B"] for p in result["points"]] == [2]
+    assert "B=10000000000000: out of memory" in capsys.readouterr().out
+    assert (tmp_path / "scaling_cpu_B.png").is_file()

@@ -65,7 +65,9 @@ BAD = [
     (["float32_matmul_precision=low"], "float32_matmul_precision: expected highest, high or medium, got 'low'"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 would train nothing"),
-    (["optimized_metric=val/bpc"], "optimized_metric=val/bpc: RegressionTask logs val/loss, val/mae, val/mae_units, train/loss"),
+    (["optimized_metric=val/bpc"], "optimized_metric=val/bpc: RegressionTask logs val/loss, val/mae, train/loss"),
+    (["optimized_metric=test/mae"], "RegressionTask logs val/loss, val/mae, train/loss, throughput/tokens_per_s (test/ "
+                                    "metrics need test=true)"),
 ]
 
 
@@ -190,3 +192,26 @@ def test_a_resume_starts_from_the_runs_own_command_line_settings(tmp_path):
     assert "resuming with the run's own settings" in resumed.stderr and "trainer.max_steps=4" not in resumed.stderr
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 6 and ckpt["hyper_parameters"]["hidden_size"] == 6
+
+
+def test_job_folders_keep_the_sign_of_an_exponent_and_shorten_long_floats(tmp_path):
+    result = lltm_train(tmp_path, "-m", "trainer.gradient_clip_val=1e+30,12345.12345678", "+trainer.fast_dev_run=1", *TINY,
+                        "hydra.sweep.dir=s")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.is_dir()) == [
+        "0_trainer.gradient_clip_val=1e30", "1_trainer.gradient_clip_val=1.235e04"]
+
+
+def test_an_assert_without_a_message_still_says_what_failed(tmp_path):
+    result = lltm_train(tmp_path, "hparams_search=lm_optuna", "hydra.sweeper.max_failure_rate=2", *TINY)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == ("lltm-train: error: AssertionError without a message; run with "
+                                                     "HYDRA_FULL_ERROR=1 for the traceback")
+
+
+def test_the_search_maximises_accuracies_and_minimises_the_rest(tmp_path):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        for metric, direction in (("val/acc", "maximize"), ("val/bpc", "minimize"), ("val/loss", "minimize")):
+            cfg = compose("config", overrides=["hparams_search=lm_optuna", f"optimized_metric={metric}"],
+                          return_hydra_config=True)
+            assert cfg.hydra.sweeper.direction == direction

@@ -96,6 +96,23 @@ def test_skip_goes_on_past_non_finite_gradients_and_counts_them(tmp_path):
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
 
 
+def test_a_non_finite_gradient_after_the_last_logging_step_still_stops_the_run(tmp_path):
+    # no logging step at all (log_every_n_steps=25 > max_steps): the check runs before validation instead
+    overrides = [*ADDING, "trainer.max_steps=6", "trainer.val_check_interval=6", "trainer.log_every_n_steps=25",
+                 "+callbacks.inf._target_=test_preemption.InfGradientAt", "+callbacks.inf.step=3"]
+    with pytest.raises(NonFiniteError, match=r"1 step\(s\) before step 6 had non-finite gradients"):
+        train(make_cfg(tmp_path, *overrides))
+
+
+def test_a_diverged_language_model_under_skip_finishes_without_a_sample(tmp_path, capsys):
+    metrics = train(make_cfg(tmp_path, "dataset=shakespeare", "dataset.seq_len=16", "dataset.batch_size=4",
+                             "model.hidden_size=8", "model.embedding_dim=4", "trainer.max_steps=4",
+                             "trainer.val_check_interval=2", "trainer.limit_val_batches=1", "model.optimizer.lr=1e30",
+                             "model.nonfinite=skip", "trainer.accelerator=cpu"))
+    assert not torch.isfinite(torch.tensor(metrics["val/loss"]))
+    assert "no sample at step 4: val/loss is" in capsys.readouterr().out
+
+
 def test_weights_that_are_not_finite_are_never_saved(tmp_path):
     cfg = make_cfg(tmp_path, *ADDING, "trainer.max_steps=2", "trainer.val_check_interval=2")
     from lltm_train.train import _prepare

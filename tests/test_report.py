@@ -6,8 +6,13 @@ import csv
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
+import torch
 import yaml
+
+from lltm_train.report import Run, summarise
 
 from test_preemption import ADDING, run
 
@@ -65,6 +70,71 @@ def test_an_optuna_search_minimises_the_returned_metric_and_goes_on_past_a_faile
     assert result["best_value"] == pytest.approx(float(rows[0]["final"]), rel=1e-6)  # what the best job returned
     assert result["best_params"]["model.hidden_size"] == 6
     assert "Optuna's best trial: model.optimizer.lr=" in (tmp_path / "search" / "report.md").read_text()
+
+
+def test_a_search_whose_trials_all_fail_ends_with_one_line_and_the_count(tmp_path):
+    tiny = [o for o in TINY if not o.startswith("model.hidden_size=")]
+    search = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/bpc", *tiny, "hydra.sweeper.n_trials=2",
+                 "model.hidden_size=8", "hydra.sweep.dir=s")
+    assert search.returncode == 2, search.stderr[-3000:]  # both trials
+    lines = search.stderr.strip().splitlines()
+    assert lines[-1].startswith("lltm-train: error: no trial of the search finished") and "Traceback" not in search.stderr
+    assert sum("optimized_metric=val/bpc: RegressionTask logs val/loss" in line for line in lines) >= 2
+
+
+def test_a_diverged_trial_is_a_failed_trial_and_the_search_goes_on(tmp_path):
+    tiny = [o for o in TINY if not o.startswith("model.hidden_size=")]
+    search = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/loss", *tiny, "hydra.sweeper.n_trials=4",
+                 "model.nonfinite=skip", "model.optimizer.lr=choice(1e30,0.001)", "model.hidden_size=8", "hydra.sweep.dir=s")
+    with open(tmp_path / "s" / "report.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    diverged = [name for name in rows if "lr=1e30" in name]
+    assert len(rows) == 4 and diverged and len(diverged) < 4, search.stderr[-3000:]
+    assert search.returncode == len(diverged)
+    for name in diverged:
+        assert "optimized_metric val/loss: " in rows[name]["status"] and "(the run diverged)" in rows[name]["status"]
+        assert rows[name]["rank"] == ""
+    assert (tmp_path / "s" / "optimization_results.yaml").is_file()  # the search ended normally
+
+
+def test_a_trial_resumes_as_one_run_and_a_search_run_again_leaves_the_old_trials_alone(tmp_path):
+    tiny = [o for o in TINY if not o.startswith("model.hidden_size=")]
+    first = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/loss", *tiny, "hydra.sweeper.n_trials=1",
+                "model.hidden_size=8", "hydra.sweep.dir=s")
+    assert first.returncode == 0, first.stderr[-3000:]
+    trial = next(p for p in (tmp_path / "s").iterdir() if p.is_dir())
+    again = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/loss", *tiny, "hydra.sweeper.n_trials=1",
+                "model.hidden_size=8", "hydra.sweep.dir=s")
+    assert again.returncode == 1 and "holds checkpoints of an earlier run" in again.stderr, again.stderr[-3000:]
+    assert not (trial / "error.txt").exists()  # the earlier trial is not marked failed by the refused one
+    resumed = run(tmp_path, f"hydra.run.dir={trial}", "ckpt_path=last", "trainer.max_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (tmp_path / "multirun").exists()  # no new search
+    assert torch.load(trial / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_path):
+    runs = [Run(tmp_path / name, curves={"val/acc": [(1, 0.0, 0.2), (2, 1.0, value)]})
+            for name, value in (("a", 0.5), ("b", float("nan")), ("c", 0.9), ("d", 0.7))]
+    rows = summarise(runs, "val/acc")
+    assert [Path(r["run"]).name for r in rows] == ["c", "d", "a", "b"]
+    assert [r["rank"] for r in rows] == [1, 2, 3, None]
+    assert rows[-1]["status"] == "diverged (val/acc = nan)" and rows[-1]["best"] == 0.2
+    assert [r["rank"] for r in summarise(runs, "val/loss")] == [None] * 4  # no run logged it
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--metric", "val/nonsense"], "no run logged val/nonsense; the runs logged"),
+    (["--out", "/proc/forbidden"], "cannot write the report into /proc/forbidden"),
+])
+def test_report_arguments_that_cannot_work_are_one_line_errors(tmp_path, args, message):
+    assert run(tmp_path, *TINY, "hydra.run.dir=r").returncode == 0
+    (tmp_path / "optimization_results.yaml").write_text("best_params: null\n")  # damaged: ignored
+    result = subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path), *args], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path)], capture_output=True,
+                          timeout=300).returncode == 0
 
 
 def _lltm_regressor_parameters(hidden: int, inputs: int = 2, outputs: int = 1) -> int:

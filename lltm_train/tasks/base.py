@@ -139,15 +139,27 @@ class LLTMTask(L.LightningModule, ABC):
                     p.grad = None
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if not self._check_skipped or self._skipped is None:
-            return
-        skipped = self._skipped_before + int(self._skipped)  # a logging step: this synchronisation is shared with the logs
-        self.log("train/skipped_steps", float(skipped), on_step=True, on_epoch=False)
+        if self._check_skipped and self._skipped is not None:
+            # a logging step: this synchronisation is shared with the logs
+            self.log("train/skipped_steps", float(self._report_skipped()), on_step=True, on_epoch=False)
+
+    def on_validation_epoch_start(self) -> None:
+        if self.trainer.training and self._skipped is not None:  # no validation of weights a stop would refuse
+            self._report_skipped()
+
+    def on_train_end(self) -> None:
+        if self._skipped is not None:  # steps after the last logging step
+            self._report_skipped()
+
+    def _report_skipped(self) -> int:
+        """Steps skipped so far (a host synchronisation); raises NonFiniteError for new ones under "stop"."""
+        skipped = self._skipped_before + int(self._skipped)
         if skipped > self._skipped_reported and self.nonfinite == "stop":
             raise NonFiniteError(
                 f"{skipped - self._skipped_reported} step(s) before step {self.global_step} had non-finite gradients "
                 "and were not applied; lower model.optimizer.lr, or set model.nonfinite=skip to go on past them")
         self._skipped_reported = skipped
+        return skipped
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # No checkpoint may hold weights that a resume could not train from.

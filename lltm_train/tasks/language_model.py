@@ -75,6 +75,7 @@ class LanguageModelTask(LLTMTask):
             self._carried.pop("train", None)
 
     def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
         self._carried.pop("val", None)
 
     def on_test_epoch_start(self) -> None:
@@ -130,6 +131,10 @@ class LanguageModelTask(LLTMTask):
     def _sample(self) -> None:
         spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
         if self.sample_length <= 0 or spec is None or spec.decode is None or not self.trainer.is_global_zero:
+            return
+        loss = self.trainer.callback_metrics.get("val/loss")
+        if loss is not None and not torch.isfinite(loss):  # a diverged model has no distribution to sample from
+            self.print(f"\n--- no sample at step {self.global_step}: val/loss is {float(loss)} ---")
             return
         prompt = spec.encode("\n") or [0]
         generator = torch.Generator().manual_seed(self.global_step)
