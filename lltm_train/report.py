@@ -44,6 +44,7 @@ class Run:
     backend: str = ""
     cell: str = ""
     parameters: int | None = None
+    optimized_metric: str | None = None  # the run's config key (what a search optimised; the report's default)
     curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, wall time, value)
 
     def curve(self, tag: str) -> list[tuple[int, float, float]]:
@@ -75,8 +76,11 @@ def read_run(path: Path) -> Run:
     config = _yaml(path / ".hydra" / "config.yaml") or {}
     hparams = _yaml(path / "tensorboard" / "hparams.yaml") or {}
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
+    if run.backend == "none":  # an nn.LSTM / nn.GRU cell: no LLTM backend ran
+        run.backend = "torch.nn"
     run.cell = str((config.get("model") or {}).get("cell", ""))
     run.parameters = hparams.get("num_parameters")
+    run.optimized_metric = config.get("optimized_metric")
     if (path / "tensorboard").is_dir():
         acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
@@ -96,12 +100,26 @@ def read_run(path: Path) -> Run:
     return run
 
 
+def _changed_keys(runs: list[Run]) -> list[str]:
+    """The command-line settings whose values differ between the runs."""
+    keys = sorted({k for r in runs for k in r.overrides})
+    return [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+
+
+def _label(run: Run, changed: list[str]) -> str:
+    """A plot legend's name for a run: its job number and what differs (``3: lr=0.01 hidden_size=512``)."""
+    number, _, rest = run.path.name.partition("_")
+    if not changed or not number.isdigit():
+        return run.path.name if len(run.path.name) <= 48 else run.path.name[:47] + "…"
+    text = f"{number}: " + " ".join(f"{k.rsplit('.', 1)[-1]}={_short(run.overrides.get(k, '-'))}" for k in changed)
+    return text if len(text) <= 72 else text[:71] + "…"
+
+
 def summarise(runs: list[Run], metric: str) -> list[dict]:
     """One row per run (see COLUMNS), best final ``metric`` first (highest for accuracies, else lowest); runs
     without it, or whose final value is not finite (diverged), last and unranked."""
     sign = -1.0 if higher_is_better(metric) else 1.0
-    keys = sorted({k for r in runs for k in r.overrides})
-    changed = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+    changed = _changed_keys(runs)
     rows = []
     for r in runs:
         values = [e for e in r.curve(metric) if math.isfinite(e[2])]
@@ -109,12 +127,13 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
         final = r.curve(metric)[-1][2] if r.curve(metric) else None
         diverged = r.status == "finished" and final is not None and not math.isfinite(final)
         status = f"diverged ({metric} = {final})" if diverged else r.status
-        tokens = [v for _, _, v in r.curve("throughput/tokens_per_s")]
+        average = r.curve("throughput/tokens_per_s_run_average")  # else (older runs) the mean of the windows
+        tokens = [average[-1][2]] if average else [v for _, _, v in r.curve("throughput/tokens_per_s")]
         memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
         times = [t for c in r.curves.values() for _, t, _ in c]
         rows.append({
             "rank": None, "run": str(r.path), "status": status,
-            "changed": " ".join(f"{k}={r.overrides.get(k, '-')}" for k in changed),
+            "changed": " ".join(f"{k}={_short(r.overrides.get(k, '-'))}" for k in changed),
             "backend": r.backend, "cell": r.cell,
             "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
             "best_step": best[0] if best else None,
@@ -131,9 +150,19 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
     return rows
 
 
+def _short(value: str) -> str:
+    """A long float (an Optuna trial's) to 4 significant digits; anything else as it is."""
+    try:
+        return f"{float(value):.4g}" if "." in value and len(value) > 8 else value
+    except ValueError:
+        return value
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
@@ -158,8 +187,8 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # a run's folder name (a sweep job's number and settings), cut short: long legends squeeze the plot away
-    label = {r.path: r.path.name if len(r.path.name) <= 40 else r.path.name[:39] + "…" for r in runs}
+    changed = _changed_keys(runs)
+    label = {r.path: _label(r, changed) for r in runs}
     written = []
 
     def save(fig, name):
@@ -182,9 +211,9 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
         values, smooth, ema = r.curve("train/loss"), [], None
-        for _, _, v in values:  # exponential moving average, as TensorBoard's smoothing of 0.9
-            ema = v if ema is None else 0.9 * ema + 0.1 * v
-            smooth.append(ema)
+        for n, (_, _, v) in enumerate(values, 1):  # TensorBoard's smoothing of 0.9, debiased as it does
+            ema = 0.1 * v if ema is None else 0.9 * ema + 0.1 * v
+            smooth.append(ema / (1 - 0.9**n))
         if values:
             ax.plot([s for s, _, _ in values], smooth, label=label[r.path])
     ax.set(xlabel="step", ylabel="train/loss (smoothed)")
@@ -214,12 +243,12 @@ class ReportCallback(Callback):
     """A Hydra callback (``hydra.callbacks``) that writes the report of a sweep when it ends: what
     ``experiment=compare_backends`` uses."""
 
-    def __init__(self, metric: str = "val/loss") -> None:
-        self.metric = metric
+    def __init__(self, metric: str | None = None) -> None:
+        self.metric = metric  # None: the runs' optimized_metric
 
     def on_multirun_end(self, config, **kwargs) -> None:
         try:
-            main([str(config.hydra.sweep.dir), "--metric", self.metric])
+            main([str(config.hydra.sweep.dir), *(["--metric", self.metric] if self.metric else [])])
         except SystemExit as exc:  # a sweep whose jobs all failed before logging: say so, keep the exit status
             print(f"lltm-report: no report (status {exc.code})", file=sys.stderr)
 
@@ -228,8 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", help="a run folder, or a sweep's folder (multirun/<date_time>)")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: DIR)")
-    parser.add_argument("--metric", default="val/loss", help="the validation metric to rank by: lower is better, "
-                        f"except for {', '.join(HIGHER_IS_BETTER)} (val/loss, val/bpc, val/acc, val/mae, ...)")
+    parser.add_argument("--metric", help="the validation metric to rank by: lower is better, except for "
+                        f"{', '.join(HIGHER_IS_BETTER)} (val/loss, val/bpc, val/acc, val/mae, ...); default: the runs' "
+                        "optimized_metric setting (val/bpc for experiment=compare_backends and hparams_search=lm_optuna), "
+                        "else val/loss")
     a = parser.parse_args(argv)
     root = Path(a.dir)
     if not root.is_dir():
@@ -240,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"lltm-report: error: no runs in {root} (no .hydra folder or TensorBoard events below it)", file=sys.stderr)
         sys.exit(2)
     runs = [read_run(p) for p in paths]
+    if a.metric is None:
+        chosen = {r.optimized_metric for r in runs if r.optimized_metric}
+        a.metric = chosen.pop() if len(chosen) == 1 else "val/loss"
     logged = sorted({tag for r in runs for tag in r.curves})
     if logged and a.metric not in logged:
         print(f"lltm-report: error: no run logged {a.metric}; the runs logged "

@@ -13,6 +13,15 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard.summary import hparams
 
 
+HIDDEN = ("callbacks.", "paths.", "logger.", "hydra.")  # settings that do not tell runs apart in the HPARAMS tab
+
+
+def hparams_columns(config: Mapping) -> dict[str, int | float | str | bool]:
+    """The flattened config without the bookkeeping (callbacks, paths, logger, ``_target_`` keys)."""
+    return {k: v for k, v in flatten(config).items()
+            if not k.startswith(HIDDEN) and not k.rsplit(".", 1)[-1].startswith("_")}
+
+
 def flatten(config: Mapping, prefix: str = "") -> dict[str, int | float | str | bool]:
     """``{"model": {"hidden_size": 256}}`` -> ``{"model.hidden_size": 256}``; other values (None, lists) as text."""
     flat: dict[str, int | float | str | bool] = {}
@@ -30,17 +39,19 @@ def metric_tags(task_metrics: Iterable[str], test: bool, cuda: bool) -> list[str
     the throughput and, on a GPU, the peak memory."""
     stages = ("val", "test") if test else ("val",)
     tags = [f"{stage}/{name}" for stage in stages for name in task_metrics]
-    return tags + ["train/loss", "throughput/tokens_per_s"] + (["memory/peak_cuda_mib"] if cuda else [])
+    return tags + ["train/loss", "throughput/tokens_per_s_run_average"] + (["memory/peak_cuda_mib"] if cuda else [])
 
 
 def layout(task_metrics: Iterable[str]) -> dict:
     """The custom-scalars layout: one chart each for the losses, the other validation metrics, throughput
-    and step time / memory (tags as anchored regular expressions)."""
+    tokens/s, samples/s, step time and memory, one unit a chart (tags as anchored regular expressions)."""
     others = [f"^val/{name}$" for name in task_metrics if name != "loss"]
     charts = {
         "loss (train and val)": ["Multiline", ["^train/loss$", "^val/loss$"]],
-        "throughput (tokens/s, samples/s)": ["Multiline", ["^throughput/tokens_per_s$", "^throughput/samples_per_s$"]],
-        "step time (ms) and peak CUDA memory (MiB)": ["Multiline", ["^throughput/step_ms$", "^memory/peak_cuda_mib$"]],
+        "tokens/s": ["Multiline", ["^throughput/tokens_per_s$", "^throughput/tokens_per_s_run_average$"]],
+        "samples/s": ["Multiline", ["^throughput/samples_per_s$"]],
+        "step time (ms)": ["Multiline", ["^throughput/step_ms$"]],
+        "peak CUDA memory (MiB)": ["Multiline", ["^memory/peak_cuda_mib$"]],
     }
     if others:
         charts["validation metrics"] = ["Multiline", others]
@@ -50,7 +61,7 @@ def layout(task_metrics: Iterable[str]) -> dict:
 def describe_run(logger: TensorBoardLogger, config: Mapping, tags: list[str], task_metrics: Iterable[str]) -> None:
     """Writes the run's HPARAMS entry (config and metric names) and the custom-scalars layout. Call it on the
     global-zero process only (the other processes' loggers have no writer)."""
-    experiment, session_start, _ = hparams(flatten(config), dict.fromkeys(tags, 0.0))  # metric values unused
+    experiment, session_start, _ = hparams(hparams_columns(config), dict.fromkeys(tags, 0.0))  # values unused
     writer = logger.experiment._get_file_writer()
     writer.add_summary(experiment)
     writer.add_summary(session_start)

@@ -210,11 +210,15 @@ def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
     hparams_tab = {tag: HParamsPluginData.FromString(content) for tag, content in acc.PluginTagToContent("hparams").items()}
     experiment = hparams_tab["_hparams_/experiment"].experiment
     shown = [m.name.tag for m in experiment.metric_infos]
-    assert shown == ["val/loss", "val/bpc", "val/perplexity", "val/acc", "train/loss", "throughput/tokens_per_s"]
+    assert shown == ["val/loss", "val/bpc", "val/perplexity", "val/acc", "train/loss", "throughput/tokens_per_s_run_average"]
+    windows = [v for _, v in scalars(tmp_path, "throughput/tokens_per_s")]
+    (average,) = [v for _, v in scalars(tmp_path, "throughput/tokens_per_s_run_average")]  # once, at the end
+    assert min(windows) <= average <= max(windows)
     assert set(shown) <= tags  # each column's value is the last point of that curve
     assert scalars(tmp_path, "val/bpc")[-1] == (7, pytest.approx(metrics["val/bpc"]))  # logged after step 8 (index 7)
     start = hparams_tab["_hparams_/session_start_info"].session_start_info
     assert start.hparams["backend_used"].string_value == "cpp"
+    assert not [k for k in start.hparams if k.startswith(("callbacks.", "paths.")) or k.endswith("_target_")]
     assert start.hparams["model.hidden_size"].number_value == 24
     assert hparams_tab["_hparams_/session_end_info"].session_end_info.status == 1  # STATUS_SUCCESS
     layout = Layout.FromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])

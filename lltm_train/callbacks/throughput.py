@@ -83,5 +83,12 @@ class Throughput(Callback):
         pl_module.log("tok/s", figures["throughput/tokens_per_s"], prog_bar=True, logger=False, on_step=True,
                       on_epoch=False, batch_size=samples)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        # the run's average (what the console's last line says, what lltm-report and TensorBoard's HPARAMS show)
+        if self.average_tokens_per_s is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics({"throughput/tokens_per_s_run_average": self.average_tokens_per_s},
+                                   step=max(trainer.global_step - 1, 0))
+
     def on_validation_start(self, trainer, pl_module) -> None:
         self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0
