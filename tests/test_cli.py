@@ -66,8 +66,8 @@ BAD = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 would train nothing"),
     (["optimized_metric=val/bpc"], "optimized_metric=val/bpc: RegressionTask logs val/loss, val/mae, train/loss"),
-    (["optimized_metric=test/mae"], "RegressionTask logs val/loss, val/mae, train/loss, throughput/tokens_per_s (test/ "
-                                    "metrics need test=true)"),
+    (["optimized_metric=test/mae"], "RegressionTask logs val/loss, val/mae, train/loss, throughput/tokens_per_s_run_average "
+                                    "(test/ metrics need test=true)"),
 ]
 
 
