@@ -286,6 +286,8 @@ def _quote_paths(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    if not sys.stderr.isatty():  # a log file: no colour codes (Optuna's log handler colours unconditionally)
+        os.environ.setdefault("NO_COLOR", "1")
     sys.argv = [sys.argv[0], *_quote_paths(sys.argv[1:])]
     sys.argv = _resumed_run_overrides(sys.argv)
     sys.argv = _sweep_group_settings(sys.argv)

@@ -59,6 +59,7 @@ def test_an_optuna_search_minimises_the_returned_metric_and_goes_on_past_a_faile
     finished = [r for r in rows if r["status"] == "finished"]
     assert len(rows) == 4 and len(failed) + len(finished) == 4 and finished, search.stderr[-3000:]
     assert search.returncode == len(failed)  # the number of failed jobs, as for any sweep
+    assert "\x1b[" not in search.stderr and "alembic" not in search.stdout  # plain logs, no plugin listing
     assert all("hidden_size must be a positive integer, got -1" in r["status"] for r in failed)
     for r in rows:  # every trial got a value from each range of the search space
         setting = dict(kv.split("=", 1) for kv in r["changed"].split())
