@@ -28,8 +28,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import ConfigError, config_dir
-from .report import higher_is_better
+from .config import ConfigError, config_dir, hydra_value
+from .report import higher_is_better, short_number
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
@@ -46,17 +46,10 @@ def _swept_settings() -> str:
     swept = set(filter(None, os.environ.get(_SWEPT_KEYS, "").split(","))) if _SWEPT_KEYS in os.environ else _swept_keys(sys.argv)
     swept |= {str(k) for k in (HydraConfig.get().sweeper.get("params") or {})}  # a config's sweep (an experiment's)
     task = HydraConfig.get().overrides.task
-    parts = [_short(o.lstrip("+~")) for o in task if o.lstrip("+~").partition("=")[0] in swept]
+    parts = [o.lstrip("+~") for o in task if o.lstrip("+~").partition("=")[0] in swept]
+    parts = [f"{key}={short_number(value)}" for key, _, value in (p.partition("=") for p in parts)]
     named = re.sub(r"(\d)[eE]\+(\d)", r"\1e\2", "_".join(parts))  # 1e+30 -> 1e30: "+" would become "-" below
     return re.sub(r"[^A-Za-z0-9=._,-]+", "-", named)[:200]  # a file name has at most 255 bytes
-
-
-def _short(override: str) -> str:
-    """``lr=0.0013667205080640642`` -> ``lr=0.001367``: a long float (an Optuna trial's) to 4 digits."""
-    key, _, value = override.partition("=")
-    if re.fullmatch(r"-?\d*\.\d{7,}(e-?\d+)?", value):
-        return f"{key}={float(value):.4g}"
-    return override
 
 
 def _swept_keys(argv: list[str]) -> set[str]:
@@ -180,8 +173,9 @@ class FailedJobs(Callback):
 
 
 def _optimising_sweeper() -> bool:
-    """True when the sweeper uses the jobs' return values (hparams_search: Hydra's Optuna sweeper)."""
-    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
+    """True when the sweeper uses the jobs' return values: any but Hydra's grid sweeper (BasicSweeper), e.g.
+    the Optuna sweeper of hparams_search."""
+    return not str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
 
 
 def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -> None:
@@ -278,9 +272,8 @@ def _quote_paths(argv: list[str]) -> list[str]:
     quoted = []
     for arg in argv:
         key, _, value = arg.partition("=")
-        if (key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"" and "'" not in value
-                and not re.fullmatch(r"[\w./:+-]+", value)):
-            arg = f"{key}='{value}'"
+        if key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"" and "'" not in value:
+            arg = f"{key}={hydra_value(value)}"
         quoted.append(arg)
     return quoted
 

@@ -108,6 +108,11 @@ def check_node(node: DictConfig, key: str) -> None:
             ) from None
 
 
+def hydra_value(text: str) -> str:
+    """``text`` as a value in Hydra's override grammar: as it is when plain, else quoted (``'.../0_lr=0.1'``)."""
+    return text if re.fullmatch(r"[\w./:+-]+", text) else f"'{text}'"
+
+
 def known_top_level_keys() -> set[str]:
     """The primary config's own keys and its config groups (conf/*/), read from conf/."""
     primary = OmegaConf.load(config_dir() / "config.yaml")

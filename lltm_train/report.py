@@ -14,6 +14,7 @@ import argparse
 import csv
 import logging
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +112,7 @@ def _label(run: Run, changed: list[str]) -> str:
     number, _, rest = run.path.name.partition("_")
     if not changed or not number.isdigit():
         return run.path.name if len(run.path.name) <= 48 else run.path.name[:47] + "…"
-    text = f"{number}: " + " ".join(f"{k.rsplit('.', 1)[-1]}={_short(run.overrides.get(k, '-'))}" for k in changed)
+    text = f"{number}: " + " ".join(f"{k.rsplit('.', 1)[-1]}={short_number(run.overrides.get(k, '-'))}" for k in changed)
     return text if len(text) <= 72 else text[:71] + "…"
 
 
@@ -133,7 +134,7 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
         times = [t for c in r.curves.values() for _, t, _ in c]
         rows.append({
             "rank": None, "run": str(r.path), "status": status,
-            "changed": " ".join(f"{k}={_short(r.overrides.get(k, '-'))}" for k in changed),
+            "changed": " ".join(f"{k}={short_number(r.overrides.get(k, '-'))}" for k in changed),
             "backend": r.backend, "cell": r.cell,
             "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
             "best_step": best[0] if best else None,
@@ -150,12 +151,10 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
     return rows
 
 
-def _short(value: str) -> str:
-    """A long float (an Optuna trial's) to 4 significant digits; anything else as it is."""
-    try:
-        return f"{float(value):.4g}" if "." in value and len(value) > 8 else value
-    except ValueError:
-        return value
+def short_number(value: str) -> str:
+    """``0.0013667205080640642`` -> ``0.001367``: a long float (an Optuna trial's) to 4 significant digits, for
+    job folder names and report columns; anything else as it is."""
+    return f"{float(value):.4g}" if re.fullmatch(r"-?\d*\.\d{7,}(e-?\d+)?", value) else value
 
 
 def _cell(value) -> str:

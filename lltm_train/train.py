@@ -178,8 +178,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         message = str(exc.__cause__ or exc).strip().splitlines()
         raise ConfigError(f"{type(exc.__cause__ or exc).__name__}: {' '.join(line.strip() for line in message)}") from exc
     output_dir = Path(cfg.paths.output_dir)
-    spec = getattr(datamodule, "task", None)  # mae_units only where the data has units (a scale other than 1)
-    names = [n for n in task.metric_names if n != "mae_units" or getattr(spec, "scale", 1.0) != 1.0]
+    names = task.logged_metrics(datamodule.task)
     tags = metric_tags(names, bool(cfg.test), trainer.strategy.root_device.type == "cuda")
     optimized = cfg.get("optimized_metric")
     if optimized and optimized not in tags:

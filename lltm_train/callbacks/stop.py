@@ -3,7 +3,6 @@ non-finite loss or gradient."""
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from ..config import hydra_value
 from ..tasks.base import NonFiniteError
 
 EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # 143, 130: what shells report
@@ -114,8 +114,8 @@ class StopCheckpoint(Callback):
 def run_dir_override(run_dir: Path) -> str:
     """``hydra.run.dir=<run_dir>`` as a shell argument: quoted for Hydra (and the quotes for the shell) when
     the path has characters Hydra's override grammar reads, such as the ``=`` of a sweep job's folder."""
-    text = str(run_dir)
-    return f"hydra.run.dir={text}" if re.fullmatch(r"[\w./:+-]+", text) else f"\"hydra.run.dir='{text}'\""
+    value = hydra_value(str(run_dir))
+    return f"hydra.run.dir={value}" if value == str(run_dir) else f"\"hydra.run.dir={value}\""
 
 
 @rank_zero_only

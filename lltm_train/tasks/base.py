@@ -67,6 +67,10 @@ class LLTMTask(L.LightningModule, ABC):
     def step(self, batch: Batch, stage: str) -> Tensor:
         """Computes the loss of a batch, updates the stage's metrics, returns the loss."""
 
+    def logged_metrics(self, spec) -> list[str]:
+        """The names of the ``val/`` and ``test/`` metrics this task logs on a data set (its TaskSpec)."""
+        return list(self.metric_names)
+
     def num_parameters(self) -> int:
         """Trainable parameters of the network (logged to TensorBoard's hparams)."""
         return sum(p.numel() for p in self.net.parameters() if p.requires_grad)

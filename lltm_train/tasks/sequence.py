@@ -67,6 +67,10 @@ class RegressionTask(LLTMTask):
         self.mae = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})
         self.mae_units = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})  # in the data's units
 
+    def logged_metrics(self, spec) -> list[str]:
+        # mae_units only where the data has units (a scale other than 1), as step() logs it
+        return [n for n in self.metric_names if n != "mae_units" or spec.scale != 1.0]
+
     def step(self, batch: Batch, stage: str) -> Tensor:
         pred = self.net(batch.x, batch.lengths).float()
         if stage in self.mae:
