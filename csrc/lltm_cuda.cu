@@ -14,17 +14,25 @@ namespace lltm {
 namespace cuda {
 namespace {
 
-// LLTM_CUDA_PATH=stepped forces the stepped recurrence (for tests and benchmarks of that path).
-bool persistent_allowed() {
-  static const bool allowed = [] {
-    const char* path = std::getenv("LLTM_CUDA_PATH");
-    return path == nullptr || std::strcmp(path, "stepped") != 0;
+// LLTM_CUDA_PATH=stepped forces the stepped recurrence, LLTM_CUDA_PATH=persistent the persistent kernels
+// wherever one exists, at any batch size (for tests and benchmarks of one path).
+enum class Path { kAuto, kStepped, kPersistent };
+
+Path path_override() {
+  static const Path path = [] {
+    const char* value = std::getenv("LLTM_CUDA_PATH");
+    if (value == nullptr) return Path::kAuto;
+    if (std::strcmp(value, "stepped") == 0) return Path::kStepped;
+    if (std::strcmp(value, "persistent") == 0) return Path::kPersistent;
+    TORCH_WARN("lltm: LLTM_CUDA_PATH=", value, " is neither 'stepped' nor 'persistent'; the path is chosen per call");
+    return Path::kAuto;
   }();
-  return allowed;
+  return path;
 }
 
 bool use_persistent(const at::Tensor& t, int64_t H) {
-  return persistent_allowed() && persistent_supports(t.scalar_type(), H, t.size(1));
+  const Path path = path_override();
+  return path != Path::kStepped && persistent_supports(t.scalar_type(), H, t.size(1), path == Path::kPersistent);
 }
 
 at::Tensor on_device(const at::Tensor& lengths, const at::Tensor& like) {

@@ -1,6 +1,7 @@
 // The two CUDA recurrences (lltm_cuda.cu picks one per call):
 // - persistent (lltm_cuda_persistent.cu): one kernel launch runs every time step, for the hidden sizes
-//   whose recurrent weights fit on chip (H = 64, 128, 256; float32, bfloat16, float16);
+//   whose recurrent weights fit on chip (H = 64, 128, 256 in float32, bfloat16, float16; H = 512 in
+//   bfloat16 and float16);
 // - stepped (lltm_cuda_stepped.cu): per step one cuBLAS GEMM and one fused pointwise kernel, replayed
 //   from cached CUDA graphs, for everything else (larger H, float64, any H).
 // Arguments as in lltm.h's Recurrence; every tensor is on the current device and contiguous,
@@ -24,8 +25,9 @@ struct DeviceMath {
   static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
 };
 
-// True when the persistent kernels take this dtype, hidden size and batch.
-bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B);
+// True when the persistent kernels take this dtype, hidden size and batch (any batch: as long as a kernel
+// exists for the dtype and hidden size, however many waves of clusters the batch needs).
+bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_batch = false);
 
 void persistent_forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0,
                         const at::Tensor& weight_hh, const at::Tensor& lengths, const at::Tensor& output,

@@ -26,7 +26,8 @@
 
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 #include "lltm_cuda.h"
 #include "lltm_math.h"
@@ -38,6 +39,11 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kRows = 8;  // batch rows per cluster: the N of mma.m16n8k*
+// Waves of clusters up to which the persistent kernels beat one GEMM per step over the whole batch (the
+// stepped path), measured on an H200 (BENCHMARKS.md): about 4 for H <= 256; 2 for H = 512, where 7 clusters
+// of 16 blocks fit at once (the time doubles from B = 56 to 64); bfloat16, T = 128: B = 96 (2 waves) runs at
+// 1.29x the stepped path, B = 128 (3 waves) at 0.93x.
+constexpr int max_waves(int H) { return H <= 256 ? 4 : 2; }
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
@@ -163,8 +169,9 @@ struct Operand<c10::BFloat16, kPrecise> : Operand16<c10::BFloat16> {};
 template <bool kPrecise>
 struct Operand<c10::Half, kPrecise> : Operand16<c10::Half> {};
 
-// Blocks per cluster for a hidden size: 16 or 32 units per block.
-constexpr int cluster_size(int H) { return H <= 128 ? 4 : 8; }
+// Blocks per cluster for a hidden size: 16 or 32 units per block. Clusters of 16 (H = 512) are beyond the
+// portable limit of 8; Hopper allows them once the kernel opts in (allow_cluster below).
+constexpr int cluster_size(int H) { return H <= 128 ? 4 : H <= 256 ? 8 : 16; }
 
 // Padded row stride of an [8][n] shared tile so that the B-fragment loads of a warp hit 32 banks:
 // the stride in 32-bit words must be 4 mod 8.
@@ -501,8 +508,15 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
 #endif
 }
 
+// Clusters of more than 8 blocks need the kernel's opt-in (per device; a cheap call).
+template <typename Kernel>
+void allow_cluster(Kernel kernel, int cluster) {
+  if (cluster > 8) C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
 template <typename Kernel, typename Params>
 void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& params) {
+  allow_cluster(kernel, cluster);
   const int64_t clusters = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
@@ -519,15 +533,17 @@ void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& pa
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
-// Clusters of this kernel that fit on the device at once (asked once per kernel and device).
+// Clusters of this kernel that fit on the device at once (asked once per kernel and device; kernels of one
+// element type share a function type, so the kernel's address is part of the key).
 template <typename Kernel>
 int max_active_clusters(Kernel kernel, int threads, int cluster) {
   static std::mutex mutex;
-  static std::unordered_map<int, int> known;
-  const int device = at::cuda::current_device();
+  static std::map<std::pair<int, const void*>, int> known;
+  const std::pair<int, const void*> key{at::cuda::current_device(), reinterpret_cast<const void*>(kernel)};
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(device);
+  auto it = known.find(key);
   if (it != known.end()) return it->second;
+  allow_cluster(kernel, cluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(cluster);
   config.blockDim = dim3(threads);
@@ -543,17 +559,24 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
     (void)cudaGetLastError();
     n = 0;
   }
-  known[device] = n;
+  known[key] = n;
   return n;
 }
 
-// Calls f(std::integral_constant<int, H>{}) for the supported hidden sizes.
-template <typename F>
+// Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel in this element type. At
+// H = 512 only 16-bit weights fit in registers (48 a thread; float32 would need 96, 3xTF32 192).
+template <typename scalar_t, typename F>
 bool with_hidden_size(int64_t H, F f) {
   switch (H) {
     case 64: f(std::integral_constant<int, 64>{}); return true;
     case 128: f(std::integral_constant<int, 128>{}); return true;
     case 256: f(std::integral_constant<int, 256>{}); return true;
+    case 512:
+      if constexpr (sizeof(scalar_t) == 2) {
+        f(std::integral_constant<int, 512>{});
+        return true;
+      }
+      return false;
     default: return false;
   }
 }
@@ -581,17 +604,20 @@ T* ptr(const at::Tensor& t) {
 
 }  // namespace
 
-bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B) {
+bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_batch) {
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
   if (B < 1 || B > (int64_t{1} << 28)) return false;
   bool ok = false;
-  with_hidden_size(H, [&](auto h) {
-    constexpr int kH = decltype(h)::value;
-    using Cfg = ForwardConfig<float, kH, true>;
-    const int active = max_active_clusters(forward_kernel<float, kH, true>, Cfg::NT, Cfg::C);
-    // Beyond a few waves of clusters, one GEMM per step over the whole batch (the stepped path) wins.
-    ok = active > 0 && (B + kRows - 1) / kRows <= 4 * static_cast<int64_t>(active);
+  with_scalar_type(dtype, [&](auto zero, auto precise) {
+    using scalar_t = decltype(zero);
+    constexpr bool kPrecise = decltype(precise)::value;
+    with_hidden_size<scalar_t>(H, [&](auto h) {
+      constexpr int kH = decltype(h)::value;
+      using Cfg = ForwardConfig<scalar_t, kH, kPrecise>;
+      const int active = max_active_clusters(forward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C);
+      ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves(kH) * static_cast<int64_t>(active));
+    });
   });
   return ok;
 }
@@ -608,7 +634,7 @@ void persistent_forward(const at::Tensor& gates, const at::Tensor& h0, const at:
                                          ptr<scalar_t>(h_n),   ptr<scalar_t>(c_n),    ptr<scalar_t>(h0),
                                          ptr<scalar_t>(c0),    ptr<scalar_t>(weight_hh), ptr<int64_t>(lengths),
                                          static_cast<int>(T), B};
-    const bool ok = with_hidden_size(H, [&](auto h) {
+    const bool ok = with_hidden_size<scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<scalar_t, kH, kPrecise>;
       launch(forward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
@@ -631,7 +657,7 @@ void persistent_backward(const at::Tensor& grad_output, const at::Tensor& grad_h
                                           ptr<scalar_t>(grad_c_n),    ptr<scalar_t>(weight_hh),
                                           ptr<int64_t>(lengths),      ptr<scalar_t>(grad_h0),
                                           ptr<scalar_t>(grad_c0),     static_cast<int>(T), B};
-    const bool ok = with_hidden_size(H, [&](auto h) {
+    const bool ok = with_hidden_size<scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = BackwardConfig<scalar_t, kH, kPrecise>;
       launch(backward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);

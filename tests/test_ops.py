@@ -1,7 +1,8 @@
 """The compiled backends against the python oracle: values, gradients, registrations, odd inputs.
 
 Each test runs on the CPU (``cpp``) and, on a GPU machine, on CUDA (``cuda``: persistent kernels for
-hidden sizes 64, 128 and 256 in float32/16-bit, the stepped path otherwise, float64 included).
+hidden sizes 64, 128 and 256 in float32/16-bit and 512 in 16-bit, the stepped path otherwise, float64
+included).
 """
 
 from __future__ import annotations
