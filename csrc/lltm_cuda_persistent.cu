@@ -510,13 +510,13 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
 
 // Clusters of more than 8 blocks need the kernel's opt-in (per device; a cheap call).
 template <typename Kernel>
-cudaError_t allow_cluster(Kernel kernel, int cluster) {
-  return cluster > 8 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
+void allow_cluster(Kernel kernel, int cluster) {
+  if (cluster > 8) C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 template <typename Kernel, typename Params>
 void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& params) {
-  C10_CUDA_CHECK(allow_cluster(kernel, cluster));
+  allow_cluster(kernel, cluster);
   const int64_t clusters = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
@@ -543,6 +543,7 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = known.find(key);
   if (it != known.end()) return it->second;
+  allow_cluster(kernel, cluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(cluster);
   config.blockDim = dim3(threads);
@@ -553,9 +554,8 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  int n = 0;  // a device without clusters of this size: 0, and the stepped path runs
-  if (allow_cluster(kernel, cluster) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
