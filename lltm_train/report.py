@@ -230,9 +230,7 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
 def _optuna_summary(root: Path) -> str:
     """Optuna's verdict from the sweep's optimization_results.yaml (hparams_search), if there is one."""
     results = _yaml(root / "optimization_results.yaml")
-    if not isinstance(results, dict) or "best_params" not in results:
-        return ""
-    if not isinstance(results["best_params"], dict):
+    if not isinstance(results, dict) or not isinstance(results.get("best_params"), dict):
         return ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results["best_params"].items())
     return f"Optuna's best trial: {params} (value {results.get('best_value')}).\n\n"
