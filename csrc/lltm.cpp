@@ -1,10 +1,9 @@
 // Op schemas, argument checks (the authority for the compiled ops), and the device-independent part of
-// both ops: the input projection before the time loop and the weight gradients after it, as large GEMMs.
-// The time loop itself is a device's Recurrence (lltm_cpu.cpp, lltm_cuda.cu).
+// every cell's two ops: the input projection before the time loop and the weight gradients after it, as
+// large GEMMs. The time loop itself is a device's Recurrence (lltm_cpu.cpp, lltm_cuda.cu).
 #include "lltm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include <string>
@@ -24,150 +23,221 @@ std::string shape_str(at::IntArrayRef shape) {
   return s + "]";
 }
 
-void check_like(const char* op, const char* name, const at::Tensor& t, const at::Tensor& ref) {
+void check_like(const std::string& op, const char* name, const Tensor& t, const Tensor& ref) {
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(),
-              std::string(op) + ": " + name + " has dtype " + c10::toString(t.scalar_type()) +
-                  " but input has dtype " + c10::toString(ref.scalar_type()) +
-                  "; all tensors must share one dtype");
-  TORCH_CHECK(t.device() == ref.device(), std::string(op) + ": " + name + " is on " + t.device().str() +
-                                               " but input is on " + ref.device().str() +
-                                               "; all tensors must be on one device");
+              op + ": " + name + " has dtype " + c10::toString(t.scalar_type()) + " but input has dtype " +
+                  c10::toString(ref.scalar_type()) + "; all tensors must share one dtype");
+  TORCH_CHECK(t.device() == ref.device(), op + ": " + name + " is on " + t.device().str() + " but input is on " +
+                                              ref.device().str() + "; all tensors must be on one device");
 }
 
-void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef expected,
-                 const char* layout) {
-  TORCH_CHECK(t.sizes() == expected, std::string(op) + ": expected " + name + " of shape " + layout +
-                                         " = " + shape_str(expected) + ", got " + shape_str(t.sizes()));
+void check_shape(const std::string& op, const char* name, const Tensor& t, at::IntArrayRef expected,
+                 const std::string& layout) {
+  TORCH_CHECK(t.sizes() == expected, op + ": expected " + name + " of shape " + layout + " = " + shape_str(expected) +
+                                         ", got " + shape_str(t.sizes()));
 }
 
-Sizes check_forward(const char* op, const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                    const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                    const std::optional<at::Tensor>& bias) {
+template <typename Cell>
+std::string op_name(bool backward) {
+  return std::string("lltm.") + (backward ? Ops<Cell>::kBackward : Ops<Cell>::kForward);
+}
+
+// The inputs every op takes (the forward's, or the backward's copies of them): dtype, shapes, devices.
+template <typename Cell>
+Sizes check_inputs(const std::string& op, const Tensor& input, const Tensor& h0, const Tensor& weight_ih,
+                   const Tensor& weight_hh) {
+  constexpr int G = Cell::kGates;
+  const std::string gates = std::to_string(G) + " * hidden_size";
   const auto dtype = input.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
-              std::string(op) + ": expected a floating-point input (float16, bfloat16, float32 or float64), got " +
+              op + ": expected a floating-point input (float16, bfloat16, float32 or float64), got " +
                   c10::toString(input.scalar_type()));
-  TORCH_CHECK(input.dim() == 3,
-              std::string(op) + ": expected input of shape (T, B, input_size), got " + shape_str(input.sizes()));
-  TORCH_CHECK(weight_hh.dim() == 2 && weight_hh.size(0) % 3 == 0,
-              std::string(op) + ": expected weight_hh of shape (3 * hidden_size, hidden_size), got " +
-                  shape_str(weight_hh.sizes()));
+  TORCH_CHECK(input.dim() == 3, op + ": expected input of shape (T, B, input_size), got " + shape_str(input.sizes()));
+  TORCH_CHECK(weight_hh.dim() == 2 && weight_hh.size(0) % G == 0,
+              op + ": expected weight_hh of shape (" + gates + ", hidden_size), got " + shape_str(weight_hh.sizes()));
   const Sizes s{input.size(0), input.size(1), input.size(2), weight_hh.size(1)};
-  TORCH_CHECK(s.T >= 1, std::string(op) + ": expected a sequence of length T >= 1, got T = 0");
-  check_shape(op, "weight_hh", weight_hh, {3 * s.H, s.H}, "(3 * hidden_size, hidden_size)");
-  check_shape(op, "weight_ih", weight_ih, {3 * s.H, s.I}, "(3 * hidden_size, input_size)");
+  TORCH_CHECK(s.T >= 1, op + ": expected a sequence of length T >= 1, got T = 0");
+  check_shape(op, "weight_hh", weight_hh, {G * s.H, s.H}, "(" + gates + ", hidden_size)");
+  check_shape(op, "weight_ih", weight_ih, {G * s.H, s.I}, "(" + gates + ", input_size)");
   check_shape(op, "h0", h0, {s.B, s.H}, "(B, hidden_size)");
-  check_shape(op, "c0", c0, {s.B, s.H}, "(B, hidden_size)");
   check_like(op, "weight_ih", weight_ih, input);
   check_like(op, "weight_hh", weight_hh, input);
   check_like(op, "h0", h0, input);
-  check_like(op, "c0", c0, input);
-  if (bias.has_value()) {
-    check_shape(op, "bias", *bias, {3 * s.H}, "(3 * hidden_size)");
-    check_like(op, "bias", *bias, input);
-  }
   return s;
 }
 
+void check_c0(const std::string& op, const Tensor& c0, const Sizes& s, const Tensor& input) {
+  check_shape(op, "c0", c0, {s.B, s.H}, "(B, hidden_size)");
+  check_like(op, "c0", c0, input);
+}
+
+void check_bias(const std::string& op, const char* name, const OptTensor& bias, int64_t rows, int G,
+                const Tensor& input) {
+  if (!bias.has_value()) return;
+  check_shape(op, name, *bias, {rows}, "(" + std::to_string(G) + " * hidden_size)");
+  check_like(op, name, *bias, input);
+}
+
 // Undefined when absent; otherwise checked: int64 (B,) on the CPU, every value in [0, T].
-at::Tensor check_lengths(const char* op, const std::optional<at::Tensor>& lengths, const Sizes& s) {
-  if (!lengths.has_value()) return at::Tensor();
-  const at::Tensor& l = *lengths;
+Tensor check_lengths(const std::string& op, const OptTensor& lengths, const Sizes& s) {
+  if (!lengths.has_value()) return Tensor();
+  const Tensor& l = *lengths;
   TORCH_CHECK(l.scalar_type() == at::kLong && l.device().is_cpu(),
-              std::string(op) + ": expected lengths as an int64 tensor on the CPU, got " +
-                  c10::toString(l.scalar_type()) + " on " + l.device().str());
+              op + ": expected lengths as an int64 tensor on the CPU, got " + c10::toString(l.scalar_type()) +
+                  " on " + l.device().str());
   check_shape(op, "lengths", l, {s.B}, "(B,)");
-  const at::Tensor c = l.contiguous();
+  const Tensor c = l.contiguous();
   const int64_t* p = c.data_ptr<int64_t>();
   for (int64_t b = 0; b < s.B; ++b) {
-    TORCH_CHECK(p[b] >= 0 && p[b] <= s.T, std::string(op) + ": lengths[" + std::to_string(b) + "] = " +
-                                               std::to_string(p[b]) + " is outside [0, T = " +
-                                               std::to_string(s.T) + "]");
+    TORCH_CHECK(p[b] >= 0 && p[b] <= s.T, op + ": lengths[" + std::to_string(b) + "] = " + std::to_string(p[b]) +
+                                              " is outside [0, T = " + std::to_string(s.T) + "]");
   }
   return c;
 }
 
 // A saved tensor of the forward, or an incoming gradient: the expected shape, dtype and device.
-at::Tensor checked(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef expected,
-                   const at::Tensor& ref) {
+Tensor checked(const std::string& op, const char* name, const Tensor& t, at::IntArrayRef expected, const Tensor& ref) {
   check_shape(op, name, t, expected, "(as the forward made it)");
   check_like(op, name, t, ref);
   return t.contiguous();  // expanded (stride 0) incoming gradients are materialised here
 }
 
-at::Tensor optional_grad(const char* op, const char* name, const std::optional<at::Tensor>& t,
-                         at::IntArrayRef expected, const at::Tensor& ref) {
-  return t.has_value() && t->defined() ? checked(op, name, *t, expected, ref) : at::Tensor();
+Tensor optional_grad(const std::string& op, const char* name, const OptTensor& t, at::IntArrayRef expected,
+                     const Tensor& ref) {
+  return t.has_value() && t->defined() ? checked(op, name, *t, expected, ref) : Tensor();
+}
+
+// The bias of the input projection: b_ih, plus b_hh where its sum with b_ih is plain (every gate but a
+// split one, whose h-side bias b_hn goes to the recurrence).
+template <typename Cell>
+OptTensor projection_bias(const OptTensor& bias_ih, const OptTensor& bias_hh, int64_t H) {
+  if (!bias_hh.has_value()) return bias_ih;
+  Tensor folded = bias_hh->narrow(0, 0, (Cell::kGates - Cell::kSplit) * H);
+  if (Cell::kSplit) folded = at::cat({folded, at::zeros({H}, bias_hh->options())});
+  return bias_ih.has_value() ? *bias_ih + folded : folded;
 }
 
 }  // namespace
 
-ForwardResult layer_forward(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                            const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& lengths,
-                            const Recurrence& r) {
-  const char* op = "lltm.layer_forward";
-  const Sizes s = check_forward(op, input, h0, c0, weight_ih, weight_hh, bias);
-  const at::Tensor lens = check_lengths(op, lengths, s);
+template <typename Cell>
+LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
+  constexpr int G = Cell::kGates;
+  const std::string op = op_name<Cell>(false);
+  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
+  if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
+  check_bias(op, Ops<Cell>::kBias, a.bias_ih, G * s.H, G, a.input);
+  check_bias(op, "bias_hh", a.bias_hh, G * s.H, G, a.input);
+  const Tensor lens = check_lengths(op, a.lengths, s);
+  const auto opts = a.input.options();
   // One GEMM projects the input of every time step; the recurrence adds h_{t-1} W_hh^T step by step.
-  const at::Tensor x2d = input.reshape({s.T * s.B, s.I});
-  at::Tensor gates = bias.has_value() ? at::addmm(*bias, x2d, weight_ih.t()) : at::mm(x2d, weight_ih.t());
-  gates = gates.view({s.T, s.B, 3 * s.H});
-  at::Tensor output = at::empty({s.T, s.B, s.H}, input.options());
-  at::Tensor cells = at::empty({s.T, s.B, s.H}, input.options());
-  at::Tensor h_n = at::empty({s.B, s.H}, input.options());
-  at::Tensor c_n = at::empty({s.B, s.H}, input.options());
-  if (s.B > 0 && s.H > 0) {
-    r.forward(gates, h0.contiguous(), c0.contiguous(), weight_hh.contiguous(), lens, output, cells, h_n, c_n);
+  const Tensor x2d = a.input.reshape({s.T * s.B, s.I});
+  const OptTensor bias = projection_bias<Cell>(a.bias_ih, a.bias_hh, s.H);
+  Tensor gates = bias.has_value() ? at::addmm(*bias, x2d, a.weight_ih.t()) : at::mm(x2d, a.weight_ih.t());
+  gates = gates.view({s.T, s.B, G * s.H});
+  ForwardTensors f;
+  f.gates = gates;
+  if (Cell::kSplit && a.bias_hh.has_value()) f.bias_hn = a.bias_hh->narrow(0, (G - 1) * s.H, s.H).contiguous();
+  f.h0 = a.h0.contiguous();
+  f.weight_hh = a.weight_hh.contiguous();
+  f.lengths = lens;
+  f.output = at::empty({s.T, s.B, s.H}, opts);
+  f.activations = Cell::kSaved == G ? gates : at::empty({s.T, s.B, Cell::kSaved * s.H}, opts);
+  f.h_n = at::empty({s.B, s.H}, opts);
+  if constexpr (Cell::kHasCell) {
+    f.c0 = a.c0.contiguous();
+    f.cells = at::empty({s.T, s.B, s.H}, opts);
+    f.c_n = at::empty({s.B, s.H}, opts);
   }
-  return {output, h_n, c_n, cells, gates};
+  if (s.B > 0 && s.H > 0) r.forward(f);
+  return {f.output, f.h_n, f.c_n, f.cells, f.activations};
 }
 
-BackwardResult layer_backward(const std::optional<at::Tensor>& grad_output,
-                              const std::optional<at::Tensor>& grad_h_n,
-                              const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-                              const at::Tensor& h0, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                              const at::Tensor& output, const at::Tensor& cells, const at::Tensor& activations,
-                              const std::optional<at::Tensor>& lengths, const Recurrence& r) {
-  const char* op = "lltm.layer_backward";
-  const Sizes s = check_forward(op, input, h0, h0, weight_ih, weight_hh, std::nullopt);
-  const int64_t T = s.T, B = s.B, H = s.H;
-  const at::Tensor lens = check_lengths(op, lengths, s);
-  const at::Tensor go = optional_grad(op, "grad_output", grad_output, {T, B, H}, input);
-  const at::Tensor ghn = optional_grad(op, "grad_h_n", grad_h_n, {B, H}, input);
-  const at::Tensor gcn = optional_grad(op, "grad_c_n", grad_c_n, {B, H}, input);
-  const at::Tensor out = checked(op, "output", output, {T, B, H}, input);
-  const at::Tensor cs = checked(op, "cells", cells, {T, B, H}, input);
-  const at::Tensor act = checked(op, "activations", activations, {T, B, 3 * H}, input);
-  at::Tensor grad_gates = at::empty({T, B, 3 * H}, input.options());
-  at::Tensor grad_h0 = at::empty({B, H}, input.options());
-  at::Tensor grad_c0 = at::empty({B, H}, input.options());
+template <typename Cell>
+LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
+  constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
+  const std::string op = op_name<Cell>(true);
+  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
+  if (Cell::kNeedsCPrev) check_c0(op, a.c0, s, a.input);
+  const int64_t T = s.T, B = s.B, H = s.H, I = s.I;
+  const auto opts = a.input.options();
+  BackwardTensors b;
+  b.lengths = check_lengths(op, a.lengths, s);
+  b.grad_output = optional_grad(op, "grad_output", a.grad_output, {T, B, H}, a.input);
+  b.grad_h_n = optional_grad(op, "grad_h_n", a.grad_h_n, {B, H}, a.input);
+  b.output = checked(op, "output", a.output, {T, B, H}, a.input);
+  b.activations = checked(op, "activations", a.activations, {T, B, Cell::kSaved * H}, a.input);
+  b.h0 = a.h0.contiguous();
+  b.weight_hh = a.weight_hh.contiguous();
+  b.grad_gates = at::empty({T, B, GB * H}, opts);
+  b.grad_h0 = at::empty({B, H}, opts);
+  if constexpr (Cell::kHasCell) {
+    b.grad_c_n = optional_grad(op, "grad_c_n", a.grad_c_n, {B, H}, a.input);
+    b.cells = checked(op, "cells", a.cells, {T, B, H}, a.input);
+    if (Cell::kNeedsCPrev) b.c0 = a.c0.contiguous();
+    b.grad_c0 = at::empty({B, H}, opts);
+  }
   if (B > 0 && H > 0) {
-    r.backward(go, ghn, gcn, act, cs, weight_hh.contiguous(), lens, grad_gates, grad_h0, grad_c0);
+    r.backward(b);
   } else {
-    grad_h0.zero_();
-    grad_c0.zero_();
+    b.grad_h0.zero_();
+    if (b.grad_c0.defined()) b.grad_c0.zero_();
   }
-  // The weight gradients: a few large GEMMs over all T * B rows, after the sequential loop.
-  const at::Tensor dg = grad_gates.view({T * B, 3 * H});
-  at::Tensor grad_weight_hh = grad_gates[0].t().mm(h0);
+  // The weight gradients: a few large GEMMs over all T * B rows, after the sequential loop. The h side
+  // is the first G blocks of the gate gradients; the x side is the same but for a split gate's block.
+  const Tensor dg = b.grad_gates.view({T * B, GB * H});
+  const Tensor dgh = dg.narrow(1, 0, G * H);
+  Tensor x2d = a.input.reshape({T * B, I});
+  if (b.lengths.defined()) {  // padding never reaches a gradient, even where it is not finite (0 * NaN)
+    const Tensor padding = at::arange(T, b.lengths.options()).unsqueeze(1) >= b.lengths.unsqueeze(0);
+    x2d = x2d.masked_fill(padding.reshape({T * B, 1}).to(x2d.device()), 0);
+  }
+  // A GEMV on CUDA for many rows: sum(0) over T * B rows allocates a staging buffer twice the size of dg.
+  const auto column_sums = [&](const Tensor& m) {
+    return m.is_cuda() && T * B > 4096 ? at::mv(m.t(), at::ones({T * B}, m.options())) : m.sum(0);
+  };
+  LayerGrads g;
+  Tensor grad_weight_hh = b.grad_gates[0].narrow(1, 0, G * H).t().mm(a.h0);
   if (T > 1) {
-    grad_weight_hh.addmm_(grad_gates.slice(0, 1).reshape({(T - 1) * B, 3 * H}).t(),
-                          out.slice(0, 0, T - 1).reshape({(T - 1) * B, H}));
+    grad_weight_hh.addmm_(b.grad_gates.slice(0, 1).reshape({(T - 1) * B, GB * H}).narrow(1, 0, G * H).t(),
+                          b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H}));
   }
-  return {dg.mm(weight_ih).view({T, B, s.I}),
-          grad_h0,
-          grad_c0,
-          dg.t().mm(input.reshape({T * B, s.I})),
-          grad_weight_hh,
-          // A GEMV on CUDA for many rows: sum(0) over T * B rows allocates a staging buffer twice the size
-          // of dg there.
-          dg.is_cuda() && T * B > 4096 ? at::mv(dg.t(), at::ones({T * B}, dg.options())) : dg.sum(0)};
+  g.weight_hh = grad_weight_hh;
+  g.h0 = b.grad_h0;
+  g.c0 = b.grad_c0;
+  if constexpr (Cell::kSplit) {
+    // dgx = [the h-side blocks of the unsplit gates, the split gate's x-side block]
+    const int64_t U = (G - 1) * H;
+    const Tensor dgx_split = dg.narrow(1, G * H, H);
+    g.input = dgh.narrow(1, 0, U).mm(a.weight_ih.narrow(0, 0, U));
+    g.input.addmm_(dgx_split, a.weight_ih.narrow(0, U, H));
+    g.input = g.input.view({T, B, I});
+    g.weight_ih = at::empty_like(a.weight_ih);
+    Tensor unsplit = g.weight_ih.narrow(0, 0, U), split = g.weight_ih.narrow(0, U, H);
+    at::mm_out(unsplit, dgh.narrow(1, 0, U).t(), x2d);
+    at::mm_out(split, dgx_split.t(), x2d);
+    const Tensor sums = column_sums(dg);  // h-side blocks, then the split x side
+    g.bias_hh = sums.narrow(0, 0, G * H);
+    g.bias_ih = at::cat({sums.narrow(0, 0, U), sums.narrow(0, G * H, H)});
+  } else {
+    g.input = dgh.mm(a.weight_ih).view({T, B, I});
+    g.weight_ih = dgh.t().mm(x2d);
+    g.bias_ih = column_sums(dgh);
+    g.bias_hh = g.bias_ih.clone();  // the same gradient, but outputs of an op must not alias
+  }
+  return g;
 }
+
+template LayerOutputs layer_forward<LLTMCell>(const LayerInputs&, const Recurrence&);
+template LayerOutputs layer_forward<LSTMCell>(const LayerInputs&, const Recurrence&);
+template LayerOutputs layer_forward<GRUCell>(const LayerInputs&, const Recurrence&);
+template LayerGrads layer_backward<LLTMCell>(const LayerGradInputs&, const Recurrence&);
+template LayerGrads layer_backward<LSTMCell>(const LayerGradInputs&, const Recurrence&);
+template LayerGrads layer_backward<GRUCell>(const LayerGradInputs&, const Recurrence&);
 
 }  // namespace lltm
 
 TORCH_LIBRARY(lltm, m) {
+  // LLTM: gates (input, output, candidate); one bias.
   m.def(
       "layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
       "Tensor? bias, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
@@ -177,4 +247,22 @@ TORCH_LIBRARY(lltm, m) {
       "Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
       "Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_weight_ih, "
       "Tensor grad_weight_hh, Tensor grad_bias)");
+  // LSTM (torch.nn.LSTM's math and parameters): gates (input, forget, cell, output).
+  m.def(
+      "lstm_layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
+      "Tensor? bias_ih, Tensor? bias_hh, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor c_n, "
+      "Tensor cells, Tensor activations)");
+  m.def(
+      "lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor h0, "
+      "Tensor c0, Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
+      "Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_weight_ih, "
+      "Tensor grad_weight_hh, Tensor grad_bias_ih, Tensor grad_bias_hh)");
+  // GRU (torch.nn.GRU's math and parameters): gates (reset, update, new); the state is h alone.
+  m.def(
+      "gru_layer_forward(Tensor input, Tensor h0, Tensor weight_ih, Tensor weight_hh, Tensor? bias_ih, "
+      "Tensor? bias_hh, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor activations)");
+  m.def(
+      "gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, Tensor weight_ih, "
+      "Tensor weight_hh, Tensor output, Tensor activations, Tensor? lengths) -> (Tensor grad_input, "
+      "Tensor grad_h0, Tensor grad_weight_ih, Tensor grad_weight_hh, Tensor grad_bias_ih, Tensor grad_bias_hh)");
 }

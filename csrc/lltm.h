@@ -1,72 +1,211 @@
-// Shared declarations of the LLTM op library: two ops, `layer_forward` and `layer_backward`, over a
-// whole sequence (a single step is a layer with T = 1). The math is in lltm_math.h.
+// Shared declarations of the op library. For each cell of cells.h, two ops run a whole sequence, forward
+// and backward (a single step is a sequence with In = 1):
+//   lltm  layer_forward, layer_backward            (one bias, as PyTorch's C++/CUDA extension tutorial)
+//   lstm  lstm_layer_forward, lstm_layer_backward  (bias_ih and bias_hh, as torch.nn.LSTM)
+//   gru   gru_layer_forward, gru_layer_backward    (bias_ih and bias_hh, as torch.nn.GRU; no c state)
+// Their schemas are in lltm.cpp; `Ops<Cell>` below binds each to the cell-independent form of the
+// arguments (LayerInputs, LayerOutputs, LayerGradInputs, LayerGrads), which the implementation takes.
 //
-// Sizes: T time steps, B batch rows, I input features, H hidden units; tensors are time-major.
-// The input projection of every step and the weight gradients are a few large GEMMs (lltm.cpp, shared by
-// every device); what runs step by step is a device's `Recurrence` (lltm_cpu.cpp, lltm_cuda.cu).
+// Sizes: In time steps, B batch rows, I input features, H hidden units, G = Cell::kGates; tensors are
+// time-major. The input projection of every step and the weight gradients are a few large GEMMs
+// (lltm.cpp, shared by every device); what runs step by step is a device's `Recurrence` (lltm_cpu.cpp,
+// lltm_cuda.cu), one per cell.
 //
 // Variable lengths: `lengths` (B,) int64 on the CPU, each in [0, T], or undefined for "all T". Row b
-// stops at step lengths[b]: later steps leave its h and c unchanged, write zeros to its output, and get
-// no gradient; h_n and c_n hold its state after its own last step.
+// stops at step lengths[b] (cells.h gives the rule); h_n and c_n hold its state after its own last step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <tuple>
 
+#include "cells.h"
+
 namespace lltm {
 
-struct Recurrence {
-  // gates (T, B, 3H), contiguous: x_t W_ih^T + b on entry, the activations (i, o, z) on return.
-  // h0, c0 (B, H) and weight_hh (3H, H): contiguous. Fills output (T, B, H) with h_1..h_T, cells
-  // (T, B, H) with c_1..c_T, and h_n, c_n (B, H).
-  void (*forward)(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0,
-                  const at::Tensor& weight_hh, const at::Tensor& lengths, const at::Tensor& output,
-                  const at::Tensor& cells, const at::Tensor& h_n, const at::Tensor& c_n);
-  // grad_output (T, B, H), grad_h_n, grad_c_n (B, H): contiguous, or undefined for zeros.
-  // activations (T, B, 3H) and cells (T, B, H) as the forward left them. Fills grad_gates (T, B, 3H)
-  // with dL/d(pre-activations) (zero at the steps of finished rows), grad_h0 (B, H) with dL/dh_0, and
-  // grad_c0 (B, H).
-  void (*backward)(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-                   const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
-                   const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
-                   const at::Tensor& grad_c0);
+using Tensor = at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+
+// One layer's forward recurrence. Every defined tensor is contiguous and on the device of `gates`.
+struct ForwardTensors {
+  Tensor gates;        // (In, B, G H): the x-side pre-activations (all biases folded in but b_hn)
+  Tensor bias_hn;      // (H,): the split gate's h-side bias, or undefined
+  Tensor h0, c0;       // (B, H); c0 undefined for a cell without a c state
+  Tensor weight_hh;    // (G H, H)
+  Tensor lengths;      // (B,) int64 (on the CPU; a CUDA recurrence moves it), or undefined
+  Tensor output;       // written (In, B, H): h_1..h_T, zero past a row's length
+  Tensor activations;  // written (In, B, kSaved H); the same tensor as `gates` when kSaved == G
+  Tensor cells;        // written (In, B, H): c_1..c_T; undefined without a c state
+  Tensor h_n, c_n;     // written (B, H); c_n undefined without a c state
 };
 
-// (output, h_n, c_n, cells, activations)
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-// (grad_input, grad_h0, grad_c0, grad_weight_ih, grad_weight_hh, grad_bias)
-using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// One layer's backward recurrence.
+struct BackwardTensors {
+  Tensor grad_output, grad_h_n, grad_c_n;  // (In, B, H), (B, H), (B, H), or undefined for zeros
+  Tensor activations, cells, output;       // as the forward wrote them
+  Tensor h0, c0, weight_hh, lengths;       // as the forward had them
+  Tensor grad_gates;                       // written (In, B, kGradBlocks H): zero at finished rows' steps
+  Tensor grad_h0, grad_c0;                 // written (B, H); grad_c0 undefined without a c state
+};
 
-// input (T, B, I); h0, c0 (B, H); weight_ih (3H, I); weight_hh (3H, H); bias (3H) or none.
-ForwardResult layer_forward(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                            const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& lengths,
-                            const Recurrence& r);
+struct Recurrence {
+  void (*forward)(const ForwardTensors&);
+  void (*backward)(const BackwardTensors&);
+};
 
-// The saved forward tensors and the incoming gradients (each optional: none means zeros).
-BackwardResult layer_backward(const std::optional<at::Tensor>& grad_output,
-                              const std::optional<at::Tensor>& grad_h_n,
-                              const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-                              const at::Tensor& h0, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                              const at::Tensor& output, const at::Tensor& cells, const at::Tensor& activations,
-                              const std::optional<at::Tensor>& lengths, const Recurrence& r);
+// The ops' arguments and results in one form for every cell; what a cell lacks (c0, bias_hh, ...) is
+// undefined or absent.
+struct LayerInputs {
+  Tensor input, h0, c0, weight_ih, weight_hh;
+  OptTensor bias_ih, bias_hh, lengths;
+};
+struct LayerOutputs {
+  Tensor output, h_n, c_n, cells, activations;
+};
+struct LayerGradInputs {
+  OptTensor grad_output, grad_h_n, grad_c_n;
+  Tensor input, h0, c0, weight_ih, weight_hh, output, cells, activations;
+  OptTensor lengths;
+};
+struct LayerGrads {
+  Tensor input, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh;
+};
 
-// Registers both ops for one dispatch key (inside TORCH_LIBRARY_IMPL) with a device's recurrence.
-template <const Recurrence& R>
+// Checks the arguments (the authority for the compiled ops), then runs the input projection, the
+// device's recurrence and the weight gradients. Explicitly instantiated for the cells in lltm.cpp.
+template <typename Cell>
+LayerOutputs layer_forward(const LayerInputs& in, const Recurrence& r);
+template <typename Cell>
+LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
+
+template <typename Cell>
+struct Ops;  // the schema binding of a cell's two ops
+
+using In = const Tensor&;
+using Opt = const OptTensor&;
+using Forward5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+// An op of this library, to call through the dispatcher (below autograd, from the autograd kernels).
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+template <>
+struct Ops<LLTMCell> {
+  static constexpr const char* kForward = "layer_forward";
+  static constexpr const char* kBackward = "layer_backward";
+  static constexpr const char* kBias = "bias";
+  static constexpr bool kBiasHH = false;
+  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+  template <LayerOutputs (*F)(const LayerInputs&)>
+  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias, Opt lengths) {
+    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias, std::nullopt, lengths});
+    return {r.output, r.h_n, r.c_n, r.cells, r.activations};
+  }
+  template <LayerGrads (*F)(const LayerGradInputs&)>
+  static Backward backward(Opt grad_output, Opt grad_h_n, Opt grad_c_n, In input, In h0, In w_ih, In w_hh, In output, In cells,
+                           In activations, Opt lengths) {
+    const LayerGrads g =
+        F({grad_output, grad_h_n, grad_c_n, input, h0, Tensor(), w_ih, w_hh, output, cells, activations, lengths});
+    return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih};
+  }
+  static LayerOutputs call_forward(const LayerInputs& a) {
+    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt)>("lltm::layer_forward");
+    auto [output, h_n, c_n, cells, act] = op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.lengths);
+    return {output, h_n, c_n, cells, act};
+  }
+  static LayerGrads call_backward(const LayerGradInputs& a) {
+    static const auto op = find_op<Backward(Opt, Opt, Opt, In, In, In, In, In, In, In, Opt)>("lltm::layer_backward");
+    auto [gx, gh0, gc0, gwih, gwhh, gb] = op.call(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0, a.weight_ih, a.weight_hh,
+        a.output, a.cells, a.activations, a.lengths);
+    return {gx, gh0, gc0, gwih, gwhh, gb, Tensor()};
+  }
+};
+
+template <>
+struct Ops<LSTMCell> {
+  static constexpr const char* kForward = "lstm_layer_forward";
+  static constexpr const char* kBackward = "lstm_layer_backward";
+  static constexpr const char* kBias = "bias_ih";
+  static constexpr bool kBiasHH = true;
+  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+  template <LayerOutputs (*F)(const LayerInputs&)>
+  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths) {
+    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias_ih, bias_hh, lengths});
+    return {r.output, r.h_n, r.c_n, r.cells, r.activations};
+  }
+  template <LayerGrads (*F)(const LayerGradInputs&)>
+  static Backward backward(Opt grad_output, Opt grad_h_n, Opt grad_c_n, In input, In h0, In c0, In w_ih, In w_hh, In output,
+                           In cells, In activations, Opt lengths) {
+    const LayerGrads g =
+        F({grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, output, cells, activations, lengths});
+    return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
+  }
+  static LayerOutputs call_forward(const LayerInputs& a) {
+    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, Opt)>("lltm::lstm_layer_forward");
+    auto [output, h_n, c_n, cells, act] = op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths);
+    return {output, h_n, c_n, cells, act};
+  }
+  static LayerGrads call_backward(const LayerGradInputs& a) {
+    static const auto op = find_op<Backward(Opt, Opt, Opt, In, In, In, In, In, In, In, In, Opt)>("lltm::lstm_layer_backward");
+    auto [gx, gh0, gc0, gwih, gwhh, gbih, gbhh] = op.call(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0, a.c0, a.weight_ih,
+        a.weight_hh, a.output, a.cells, a.activations, a.lengths);
+    return {gx, gh0, gc0, gwih, gwhh, gbih, gbhh};
+  }
+};
+
+template <>
+struct Ops<GRUCell> {
+  static constexpr const char* kForward = "gru_layer_forward";
+  static constexpr const char* kBackward = "gru_layer_backward";
+  static constexpr const char* kBias = "bias_ih";
+  static constexpr bool kBiasHH = true;
+  using Forward = std::tuple<Tensor, Tensor, Tensor>;
+  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+  template <LayerOutputs (*F)(const LayerInputs&)>
+  static Forward forward(In input, In h0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths) {
+    const LayerOutputs r = F({input, h0, Tensor(), w_ih, w_hh, bias_ih, bias_hh, lengths});
+    return {r.output, r.h_n, r.activations};
+  }
+  template <LayerGrads (*F)(const LayerGradInputs&)>
+  static Backward backward(Opt grad_output, Opt grad_h_n, In input, In h0, In w_ih, In w_hh, In output, In activations,
+                           Opt lengths) {
+    const LayerGrads g = F({grad_output, grad_h_n, std::nullopt, input, h0, Tensor(), w_ih, w_hh, output, Tensor(),
+                            activations, lengths});
+    return {g.input, g.h0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
+  }
+  static LayerOutputs call_forward(const LayerInputs& a) {
+    static const auto op = find_op<Forward(In, In, In, In, Opt, Opt, Opt)>("lltm::gru_layer_forward");
+    auto [output, h_n, act] = op.call(a.input, a.h0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths);
+    return {output, h_n, Tensor(), Tensor(), act};
+  }
+  static LayerGrads call_backward(const LayerGradInputs& a) {
+    static const auto op = find_op<Backward(Opt, Opt, In, In, In, In, In, In, Opt)>("lltm::gru_layer_backward");
+    auto [gx, gh0, gwih, gwhh, gbih, gbhh] = op.call(a.grad_output, a.grad_h_n, a.input, a.h0, a.weight_ih, a.weight_hh, a.output,
+        a.activations, a.lengths);
+    return {gx, gh0, Tensor(), gwih, gwhh, gbih, gbhh};
+  }
+};
+
+template <typename Cell, const Recurrence& R>
+LayerOutputs device_forward(const LayerInputs& in) {
+  return layer_forward<Cell>(in, R);
+}
+
+template <typename Cell, const Recurrence& R>
+LayerGrads device_backward(const LayerGradInputs& in) {
+  return layer_backward<Cell>(in, R);
+}
+
+// Registers a cell's two ops for one dispatch key (inside TORCH_LIBRARY_IMPL) with a device's recurrence.
+template <typename Cell, const Recurrence& R>
 void register_kernels(torch::Library& m) {
-  using T = const at::Tensor&;
-  using O = const std::optional<at::Tensor>&;
-  m.impl("layer_forward", [](T input, T h0, T c0, T weight_ih, T weight_hh, O bias, O lengths) {
-    return layer_forward(input, h0, c0, weight_ih, weight_hh, bias, lengths, R);
-  });
-  m.impl("layer_backward", [](O grad_output, O grad_h_n, O grad_c_n, T input, T h0, T weight_ih, T weight_hh,
-                              T output, T cells, T activations, O lengths) {
-    return layer_backward(grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, weight_hh, output, cells,
-                          activations, lengths, R);
-  });
+  m.impl(Ops<Cell>::kForward, &Ops<Cell>::template forward<&device_forward<Cell, R>>);
+  m.impl(Ops<Cell>::kBackward, &Ops<Cell>::template backward<&device_backward<Cell, R>>);
 }
 
 }  // namespace lltm

@@ -1,7 +1,7 @@
-// Autograd of the compiled ops, in C++: nothing runs in Python between the forward op and the backward
-// op (a Python autograd.Function costs tens of microseconds a call, as much as a small layer's kernels).
-// Registered for the Autograd key, so every device and torch.compile's tracing go through it.
-#include <ATen/core/dispatch/Dispatcher.h>
+// Autograd of the compiled ops, in C++: nothing runs in Python between a forward op and its backward op
+// (a Python autograd.Function costs tens of microseconds a call, as much as a small layer's kernels).
+// Registered for the Autograd key, so every device and torch.compile's tracing go through it. One
+// template serves every cell; Ops<Cell> (lltm.h) maps it onto each cell's op signatures.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -12,98 +12,128 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using OptTensor = std::optional<at::Tensor>;
 
-const auto& forward_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lltm::layer_forward", "")
-                             .typed<ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                  const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                                  const OptTensor&)>();
-  return op;
+OptTensor defined_or_none(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+// A Function's outputs must all be defined: the tensors a cell has, in a fixed order.
+template <typename Cell>
+variable_list pack(const LayerOutputs& r) {
+  if constexpr (Cell::kHasCell) return {r.output, r.h_n, r.c_n, r.cells, r.activations};
+  return {r.output, r.h_n, r.activations};
 }
 
-const auto& backward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("lltm::layer_backward", "")
-          .typed<BackwardResult(const OptTensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
-                                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                const at::Tensor&, const at::Tensor&, const OptTensor&)>();
-  return op;
+template <typename Cell>
+LayerOutputs unpack_outputs(const variable_list& v) {
+  if constexpr (Cell::kHasCell) return {v[0], v[1], v[2], v[3], v[4]};
+  return {v[0], v[1], Tensor(), Tensor(), v[2]};
 }
 
-OptTensor defined_or_none(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+template <typename Cell>
+variable_list pack(const LayerGrads& g) {
+  variable_list v{g.input, g.h0};
+  if (Cell::kHasCell) v.push_back(g.c0);
+  v.insert(v.end(), {g.weight_ih, g.weight_hh, g.bias_ih});
+  if (Ops<Cell>::kBiasHH) v.push_back(g.bias_hh);
+  return v;
+}
+
+template <typename Cell>
+LayerGrads unpack_grads(const variable_list& v) {
+  size_t i = 0;
+  LayerGrads g;
+  g.input = v[i++];
+  g.h0 = v[i++];
+  if (Cell::kHasCell) g.c0 = v[i++];
+  g.weight_ih = v[i++];
+  g.weight_hh = v[i++];
+  g.bias_ih = v[i++];
+  if (Ops<Cell>::kBiasHH) g.bias_hh = v[i++];
+  return g;
+}
 
 // The backward op under autograd: first derivatives only. Its outputs carry a node that refuses a second
 // derivative, so create_graph=True works until someone differentiates the gradients themselves.
-struct LayerBackward : public torch::autograd::Function<LayerBackward> {
+template <typename Cell>
+struct LayerBackward : public torch::autograd::Function<LayerBackward<Cell>> {
   static variable_list forward(AutogradContext*, const OptTensor& grad_output, const OptTensor& grad_h_n,
-                               const OptTensor& grad_c_n, const at::Tensor& input, const at::Tensor& h0,
-                               const at::Tensor& weight_ih, const at::Tensor& weight_hh, const at::Tensor& output,
-                               const at::Tensor& cells, const at::Tensor& activations, const OptTensor& lengths) {
+                               const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0, const OptTensor& c0,
+                               const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& output,
+                               const OptTensor& cells, const Tensor& activations, const OptTensor& lengths) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [gx, gh0, gc0, gwih, gwhh, gb] = backward_op().call(grad_output, grad_h_n, grad_c_n, input, h0, weight_ih,
-                                                             weight_hh, output, cells, activations, lengths);
-    return {gx, gh0, gc0, gwih, gwhh, gb};
+    const LayerGrads g = Ops<Cell>::call_backward({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
+                                                   weight_ih, weight_hh, output, cells.value_or(Tensor()), activations,
+                                                   lengths});
+    return pack<Cell>(g);
   }
 
   static variable_list backward(AutogradContext*, variable_list) {
     TORCH_CHECK_NOT_IMPLEMENTED(false,
-                                "the cpp and cuda LLTM backends have no second derivative (double backward, "
+                                "the cpp and cuda backends have no second derivative (double backward, "
                                 "create_graph=True, Hessians); use backend='python' for those");
   }
 };
 
-struct LayerForward : public torch::autograd::Function<LayerForward> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& h0,
-                               const at::Tensor& c0, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                               const OptTensor& bias, const OptTensor& lengths) {
+template <typename Cell>
+struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& h0, const OptTensor& c0,
+                               const Tensor& weight_ih, const Tensor& weight_hh, const OptTensor& bias_ih,
+                               const OptTensor& bias_hh, const OptTensor& lengths) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [output, h_n, c_n, cells, activations] =
-        forward_op().call(input, h0, c0, weight_ih, weight_hh, bias, lengths);
-    ctx->save_for_backward({input, h0, weight_ih, weight_hh, output, cells, activations});
-    ctx->saved_data["has_bias"] = bias.has_value();
+    const LayerOutputs r =
+        Ops<Cell>::call_forward({input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths});
+    ctx->save_for_backward({input, h0, Cell::kNeedsCPrev ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
+                            r.activations});
+    ctx->saved_data["has_bias_ih"] = bias_ih.has_value();
+    ctx->saved_data["has_bias_hh"] = bias_hh.has_value();
     ctx->saved_data["lengths"] = lengths.has_value() ? c10::IValue(*lengths) : c10::IValue();
-    ctx->mark_non_differentiable({cells, activations});
+    ctx->mark_non_differentiable(Cell::kHasCell ? variable_list{r.cells, r.activations} : variable_list{r.activations});
     ctx->set_materialize_grads(false);  // unused outputs get no gradient work (and no zero-filled buffers)
-    return {output, h_n, c_n, cells, activations};
+    return pack<Cell>(r);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
-    const at::Tensor &input = s[0], &h0 = s[1], &weight_ih = s[2], &weight_hh = s[3], &output = s[4], &cells = s[5],
-                     &activations = s[6];
     const c10::IValue& saved_lengths = ctx->saved_data["lengths"];
     const OptTensor lengths = saved_lengths.isTensor() ? OptTensor(saved_lengths.toTensor()) : std::nullopt;
-    variable_list g = LayerBackward::apply(defined_or_none(grads[0]), defined_or_none(grads[1]),
-                                           defined_or_none(grads[2]), input, h0, weight_ih, weight_hh, output,
-                                           cells, activations, lengths);
-    return {g[0], g[1], g[2], g[3], g[4], ctx->saved_data["has_bias"].toBool() ? g[5] : at::Tensor(), at::Tensor()};
+    const OptTensor grad_c_n = Cell::kHasCell ? defined_or_none(grads[2]) : std::nullopt;
+    const LayerGrads g = unpack_grads<Cell>(
+        LayerBackward<Cell>::apply(defined_or_none(grads[0]), defined_or_none(grads[1]), grad_c_n, s[0], s[1],
+                                   defined_or_none(s[2]), s[3], s[4], s[5], defined_or_none(s[6]), s[7], lengths));
+    return {g.input,
+            g.h0,
+            g.c0,
+            g.weight_ih,
+            g.weight_hh,
+            ctx->saved_data["has_bias_ih"].toBool() ? g.bias_ih : Tensor(),
+            ctx->saved_data["has_bias_hh"].toBool() ? g.bias_hh : Tensor(),
+            Tensor()};
   }
 };
 
-ForwardResult layer_forward_autograd(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                                     const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                                     const OptTensor& bias, const OptTensor& lengths) {
-  variable_list r = LayerForward::apply(input, h0, c0, weight_ih, weight_hh, bias, lengths);
-  return {r[0], r[1], r[2], r[3], r[4]};
+template <typename Cell>
+LayerOutputs autograd_forward(const LayerInputs& a) {
+  return unpack_outputs<Cell>(LayerForward<Cell>::apply(a.input, a.h0, defined_or_none(a.c0), a.weight_ih,
+                                                         a.weight_hh, a.bias_ih, a.bias_hh, a.lengths));
 }
 
-BackwardResult layer_backward_autograd(const OptTensor& grad_output, const OptTensor& grad_h_n,
-                                       const OptTensor& grad_c_n, const at::Tensor& input, const at::Tensor& h0,
-                                       const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                                       const at::Tensor& output, const at::Tensor& cells,
-                                       const at::Tensor& activations, const OptTensor& lengths) {
-  variable_list r = LayerBackward::apply(grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, weight_hh, output,
-                                         cells, activations, lengths);
-  return {r[0], r[1], r[2], r[3], r[4], r[5]};
+template <typename Cell>
+LayerGrads autograd_backward(const LayerGradInputs& a) {
+  return unpack_grads<Cell>(LayerBackward<Cell>::apply(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0,
+                                                        defined_or_none(a.c0), a.weight_ih, a.weight_hh, a.output,
+                                                        defined_or_none(a.cells), a.activations, a.lengths));
+}
+
+template <typename Cell>
+void register_autograd(torch::Library& m) {
+  m.impl(Ops<Cell>::kForward, &Ops<Cell>::template forward<&autograd_forward<Cell>>);
+  m.impl(Ops<Cell>::kBackward, &Ops<Cell>::template backward<&autograd_backward<Cell>>);
 }
 
 }  // namespace
 }  // namespace lltm
 
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
-  m.impl("layer_forward", &lltm::layer_forward_autograd);
-  m.impl("layer_backward", &lltm::layer_backward_autograd);
+  lltm::register_autograd<lltm::LLTMCell>(m);
+  lltm::register_autograd<lltm::LSTMCell>(m);
+  lltm::register_autograd<lltm::GRUCell>(m);
 }

@@ -1,13 +1,14 @@
-// The CPU recurrence, and the CPU registrations of the ops.
+// The CPU recurrence of every cell, and the CPU registrations of the ops.
 //
 // Batch rows never interact, so each thread takes a block of rows through the whole time loop: per step a
-// single-threaded GEMM (h_{t-1} W_hh^T into its rows) and the fused pointwise work, with no barrier between
+// single-threaded GEMM (h_{t-1} W_hh^T for its rows) and the fused pointwise work, with no barrier between
 // threads until the loop ends. (One multi-threaded GEMM per step instead would synchronise the threads
 // twice per step, which costs more than the step itself at small sizes.)
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -15,8 +16,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "cells.h"
 #include "lltm.h"
-#include "lltm_math.h"
 
 namespace lltm {
 namespace {
@@ -57,79 +58,167 @@ struct FastFloatMath {
   static float tanh(float x) { return 1.0f - 2.0f / (exp(2.0f * x) + 1.0f); }
 };
 
-// One step's pointwise forward over `rows` rows: the activations overwrite the pre-activations in `g`.
-template <typename scalar_t, typename M>
-LLTM_HOST_DEVICE void forward_rows(scalar_t* __restrict__ g, const scalar_t* __restrict__ c_prev,
-                         scalar_t* __restrict__ c_new, scalar_t* __restrict__ h_new, int64_t rows, int64_t H) {
+// Where one thread's rows are in a step. Rows of `gx` (the x-side pre-activations) hold G blocks of H,
+// `gh` (h_{t-1} W_hh^T) G blocks, `saved` kSaved blocks (it may be `gx` itself), `grad` kGradBlocks blocks.
+template <typename scalar_t>
+struct RowsForward {
+  const scalar_t* gx;
+  const scalar_t* gh;
+  const scalar_t* bias_hn;  // or null
+  const scalar_t* c_prev;   // c_{t-1} (cells with a c state)
+  const scalar_t* h_prev;   // h_{t-1}
+  scalar_t* saved;
+  scalar_t* output;
+  scalar_t* cells;          // c_t (cells with a c state)
+  const int64_t* lengths;   // of these rows, or null
+  int64_t t, rows, H;
+};
+
+template <typename scalar_t, typename acc_t>
+struct RowsBackward {
+  const scalar_t* grad_output;  // or null
+  scalar_t* dh;                 // (rows, H): dL/dh_t from the later steps in; the direct part of dL/dh_{t-1} out
+  acc_t* dc;                    // (rows, H): the running dL/dc (cells with a c state)
+  const scalar_t* saved;
+  const scalar_t* c;            // c_t
+  const scalar_t* c_prev;       // c_{t-1} (kNeedsCPrev)
+  const scalar_t* h_prev;       // h_{t-1} (kNeedsHPrev)
+  scalar_t* grad;
+  const int64_t* lengths;
+  int64_t t, rows, H;
+};
+
+// One row's pointwise forward at one step; the branches of a row (does it run, is there a b_hn) are
+// template arguments, so that the loop over units vectorises.
+template <typename Cell, typename scalar_t, typename M, bool kRun, bool kBiasHN>
+LLTM_HOST_DEVICE void forward_row(const RowsForward<scalar_t>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
-  for (int64_t r = 0; r < rows; ++r, g += 3 * H, c_prev += H, c_new += H, h_new += H) {
-    for (int64_t j = 0; j < H; ++j) {
-      acc_t i, o, z, c, h;
-      math::forward<acc_t, M>(g[j], g[H + j], g[2 * H + j], c_prev[j], i, o, z, c, h);
-      g[j] = i;
-      g[H + j] = o;
-      g[2 * H + j] = z;
-      c_new[j] = c;
-      h_new[j] = h;
+  constexpr int G = Cell::kGates;
+  const int64_t H = p.H;
+  const scalar_t* gx = p.gx + r * G * H;
+  const scalar_t* gh = p.gh + r * G * H;
+  scalar_t* saved = p.saved + r * Cell::kSaved * H;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < H; ++j) {
+    acc_t h_side[G];
+    load_blocks(gh + j, H, h_side);
+    if constexpr (kBiasHN) h_side[G - 1] += acc_t(p.bias_hn[j]);
+    acc_t c = Cell::kHasCell ? acc_t(p.c_prev[r * H + j]) : acc_t(0);
+    acc_t h = Cell::kNeedsHPrev ? acc_t(p.h_prev[r * H + j]) : acc_t(0);
+    forward_step<Cell, M, kRun>(gx + j, h_side, c, h, saved + j, p.output + r * H + j,
+                                Cell::kHasCell ? p.cells + r * H + j : nullptr, H);
+  }
+}
+
+// One step's pointwise forward over a thread's rows.
+template <typename Cell, typename scalar_t, typename M>
+LLTM_HOST_DEVICE void forward_rows(const RowsForward<scalar_t>& p) {
+  const bool bias_hn = Cell::kSplit && p.bias_hn;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    if (!running(p.lengths, r, p.t)) {
+      forward_row<Cell, scalar_t, M, false, false>(p, r);
+    } else if (bias_hn) {
+      forward_row<Cell, scalar_t, M, true, Cell::kSplit>(p, r);
+    } else {
+      forward_row<Cell, scalar_t, M, true, false>(p, r);
     }
   }
 }
 
-// One step's pointwise backward over `rows` rows. dh_next: what the later steps pass back to h_t (zeroed
-// here, ready to take the next recurrent product); dc: the running cell gradient; `g` the activations,
-// `dg` the gate gradients written. grad_out may be null (no gradient reaches the output).
-template <typename scalar_t, typename M>
-LLTM_HOST_DEVICE void backward_rows(const scalar_t* __restrict__ grad_out, scalar_t* __restrict__ dh_next,
-                          at::opmath_type<scalar_t>* __restrict__ dc, const scalar_t* __restrict__ g,
-                          const scalar_t* __restrict__ c, scalar_t* __restrict__ dg, int64_t rows, int64_t H) {
+template <typename Cell, typename scalar_t, typename M, bool kRun, bool kGradOutput>
+LLTM_HOST_DEVICE void backward_row(const RowsBackward<scalar_t, at::opmath_type<scalar_t>>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
-  for (int64_t r = 0; r < rows; ++r, g += 3 * H, dg += 3 * H, c += H, dh_next += H, dc += H) {
-    const scalar_t* __restrict__ go = grad_out ? grad_out + r * H : nullptr;
-    for (int64_t j = 0; j < H; ++j) {
-      const acc_t dh = acc_t(dh_next[j]) + (go ? acc_t(go[j]) : acc_t(0));
-      acc_t dcj = dc[j], d_i, d_o, d_z;
-      math::backward<acc_t, M>(dh, dcj, g[j], g[H + j], g[2 * H + j], c[j], d_i, d_o, d_z);
-      dc[j] = dcj;
-      dg[j] = d_i;
-      dg[H + j] = d_o;
-      dg[2 * H + j] = d_z;
-      dh_next[j] = scalar_t(0);
+  const int64_t H = p.H;
+  const scalar_t* saved = p.saved + r * Cell::kSaved * H;
+  scalar_t* grad = p.grad + r * Cell::kGradBlocks * H;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < H; ++j) {
+    const int64_t k = r * H + j;
+    acc_t dc = Cell::kHasCell ? p.dc[k] : acc_t(0), dg[Cell::kGradBlocks];
+    const acc_t d_out = kGradOutput ? acc_t(p.grad_output[k]) : acc_t(0);
+    const acc_t dh = backward_step<Cell, M, kRun>(
+        acc_t(p.dh[k]), d_out, dc, saved + j, Cell::kHasCell ? acc_t(p.c[k]) : acc_t(0),
+        Cell::kNeedsCPrev ? acc_t(p.c_prev[k]) : acc_t(0), Cell::kNeedsHPrev ? acc_t(p.h_prev[k]) : acc_t(0), dg,
+        grad + j, H);
+    if (Cell::kHasCell) p.dc[k] = dc;
+    p.dh[k] = scalar_t(dh);
+  }
+}
+
+// One step's pointwise backward over a thread's rows.
+template <typename Cell, typename scalar_t, typename M>
+LLTM_HOST_DEVICE void backward_rows(const RowsBackward<scalar_t, at::opmath_type<scalar_t>>& p) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    if (!running(p.lengths, r, p.t)) {
+      backward_row<Cell, scalar_t, M, false, false>(p, r);
+    } else if (p.grad_output) {
+      backward_row<Cell, scalar_t, M, true, true>(p, r);
+    } else {
+      backward_row<Cell, scalar_t, M, true, false>(p, r);
     }
   }
 }
 
-// float32 rows compiled for AVX-512, AVX2+FMA and baseline x86-64, picked when the library loads.
+// float32 rows compiled for AVX-512, AVX2+FMA and baseline x86-64, picked when the library loads (one
+// overload per cell: GCC does not clone templates).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define LLTM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define LLTM_CPU_CLONES
 #endif
 
-LLTM_CPU_CLONES void forward_rows_f32(float* g, const float* cp, float* cn, float* hn, int64_t rows, int64_t H) {
-  forward_rows<float, FastFloatMath>(g, cp, cn, hn, rows, H);
-}
+#define LLTM_FLOAT_ROWS(CELL)                                                                  \
+  LLTM_CPU_CLONES void forward_rows_f32(CELL, const RowsForward<float>& p) {                   \
+    forward_rows<CELL, float, FastFloatMath>(p);                                               \
+  }                                                                                            \
+  LLTM_CPU_CLONES void backward_rows_f32(CELL, const RowsBackward<float, float>& p) {          \
+    backward_rows<CELL, float, FastFloatMath>(p);                                              \
+  }
+LLTM_FLOAT_ROWS(LLTMCell)
+LLTM_FLOAT_ROWS(LSTMCell)
+LLTM_FLOAT_ROWS(GRUCell)
+#undef LLTM_FLOAT_ROWS
 
-LLTM_CPU_CLONES void backward_rows_f32(const float* go, float* dh, float* dc, const float* g, const float* c,
-                                       float* dg, int64_t rows, int64_t H) {
-  backward_rows<float, FastFloatMath>(go, dh, dc, g, c, dg, rows, H);
-}
-
-template <typename scalar_t>
-void forward_rows_any(scalar_t* g, const scalar_t* cp, scalar_t* cn, scalar_t* hn, int64_t rows, int64_t H) {
+template <typename Cell, typename scalar_t>
+void forward_rows_any(const RowsForward<scalar_t>& p) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    forward_rows_f32(g, cp, cn, hn, rows, H);
+    forward_rows_f32(Cell{}, p);
   } else {
-    forward_rows<scalar_t, LibmMath>(g, cp, cn, hn, rows, H);
+    forward_rows<Cell, scalar_t, LibmMath>(p);
   }
 }
 
-template <typename scalar_t, typename acc_t>
-void backward_rows_any(const scalar_t* go, scalar_t* dh, acc_t* dc, const scalar_t* g, const scalar_t* c,
-                       scalar_t* dg, int64_t rows, int64_t H) {
+template <typename Cell, typename scalar_t>
+void backward_rows_any(const RowsBackward<scalar_t, at::opmath_type<scalar_t>>& p) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    backward_rows_f32(go, dh, dc, g, c, dg, rows, H);
+    backward_rows_f32(Cell{}, p);
   } else {
-    backward_rows<scalar_t, LibmMath>(go, dh, dc, g, c, dg, rows, H);
+    backward_rows<Cell, scalar_t, LibmMath>(p);
+  }
+}
+
+// C (M x N) = A (M x K) B (K x N) (+ C when accumulating), row-major with leading dimensions: one step's
+// product over a thread's rows. float32 goes to oneDNN's brgemm micro-kernel through PyTorch
+// (at::native::cpublas::brgemm; it falls back to PyTorch's own GEMM where oneDNN's kernels do not run):
+// about 3x MKL's sgemm at these sizes on an AMD Zen 5 (216 against 73 GFLOP/s at 16 x 128 x 384, one
+// core), where MKL runs its AVX2 code, and no dispatcher or tensor overhead. Other types take at::mm.
+template <typename scalar_t>
+void rows_gemm(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, const scalar_t* B, int64_t ldb,
+               scalar_t* C, int64_t ldc, bool accumulate) {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, accumulate, A, B, C);
+    return;
+  }
+#endif
+  const auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  const at::Tensor a = at::from_blob(const_cast<scalar_t*>(A), {M, K}, {lda, 1}, opts);
+  const at::Tensor b = at::from_blob(const_cast<scalar_t*>(B), {K, N}, {ldb, 1}, opts);
+  at::Tensor c = at::from_blob(C, {M, N}, {ldc, 1}, opts);
+  if (accumulate) {
+    c.addmm_(a, b);
+  } else {
+    at::mm_out(c, a, b);
   }
 }
 
@@ -139,95 +228,113 @@ int64_t grain_rows(int64_t B) {
   return std::max<int64_t>((B + threads - 1) / threads, std::min<int64_t>(B, 4));
 }
 
-void forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& weight_hh,
-             const at::Tensor& lengths, const at::Tensor& output, const at::Tensor& cells, const at::Tensor& h_n,
-             const at::Tensor& c_n) {
-  const int64_t T = gates.size(0), B = gates.size(1), H = h0.size(1);
-  const int64_t* lens = lengths.defined() ? lengths.data_ptr<int64_t>() : nullptr;
-  const at::Tensor w_t = weight_hh.t();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_forward_cpu", [&] {
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename Cell>
+void forward(const ForwardTensors& f) {
+  constexpr int G = Cell::kGates, A = Cell::kSaved;
+  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
+  const int64_t* lens = ptr<int64_t>(f.lengths);
+  const at::Tensor w_t = f.weight_hh.t().contiguous();  // (H, G H): the right operand of h W_hh^T, row-major
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
-      scalar_t* g = gates.data_ptr<scalar_t>();
-      scalar_t* out = output.data_ptr<scalar_t>();
-      scalar_t* cs = cells.data_ptr<scalar_t>();
+      scalar_t* out = f.output.data_ptr<scalar_t>();
+      scalar_t* cs = ptr<scalar_t>(f.cells);
+      at::Tensor gh = at::empty({rows, G * H}, f.gates.options());
       for (int64_t t = 0; t < T; ++t) {
         const int64_t off = (t * B + b0) * H;
-        const at::Tensor h_prev = (t == 0 ? h0 : output[t - 1]).narrow(0, b0, rows);
-        const scalar_t* c_prev = t == 0 ? c0.data_ptr<scalar_t>() + b0 * H : cs + off - B * H;
-        gates[t].narrow(0, b0, rows).addmm_(h_prev, w_t);  // single-threaded inside this parallel region
-        forward_rows_any<scalar_t>(g + 3 * off, c_prev, cs + off, out + off, rows, H);
-        for (int64_t r = 0; lens && r < rows; ++r) {
-          if (t < lens[b0 + r]) continue;
-          // A finished row: zero output, the cell state carried on; its other values are never read.
-          std::fill_n(out + off + r * H, H, scalar_t(0));
-          std::copy_n(c_prev + r * H, H, cs + off + r * H);
-        }
+        const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
+        // single-threaded inside this parallel region
+        rows_gemm<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), G * H, gh.data_ptr<scalar_t>(), G * H,
+                            false);
+        const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
+                                      gh.data_ptr<scalar_t>(),
+                                      ptr<scalar_t>(f.bias_hn),
+                                      Cell::kHasCell ? (t == 0 ? ptr<scalar_t>(f.c0) + b0 * H : cs + off - B * H) : nullptr,
+                                      h_prev,
+                                      f.activations.data_ptr<scalar_t>() + A * off,
+                                      out + off,
+                                      Cell::kHasCell ? cs + off : nullptr,
+                                      lens ? lens + b0 : nullptr,
+                                      t,
+                                      rows,
+                                      H};
+        forward_rows_any<Cell, scalar_t>(p);
       }
       // Each row's final state is the one after its own last step.
-      scalar_t* hn = h_n.data_ptr<scalar_t>();
-      scalar_t* cn = c_n.data_ptr<scalar_t>();
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t last = lens ? lens[b] : T;
-        std::copy_n(last == 0 ? h0.data_ptr<scalar_t>() + b * H : out + ((last - 1) * B + b) * H, H, hn + b * H);
-        std::copy_n(last == 0 ? c0.data_ptr<scalar_t>() + b * H : cs + ((last - 1) * B + b) * H, H, cn + b * H);
+        const int64_t at_last = ((last - 1) * B + b) * H;
+        std::copy_n(last == 0 ? ptr<scalar_t>(f.h0) + b * H : out + at_last, H, ptr<scalar_t>(f.h_n) + b * H);
+        if (Cell::kHasCell) {
+          std::copy_n(last == 0 ? ptr<scalar_t>(f.c0) + b * H : cs + at_last, H, ptr<scalar_t>(f.c_n) + b * H);
+        }
       }
     });
   });
 }
 
-void backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-              const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
-              const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
-              const at::Tensor& grad_c0) {
-  const int64_t T = activations.size(0), B = activations.size(1), H = cells.size(2);
-  const int64_t* lens = lengths.defined() ? lengths.data_ptr<int64_t>() : nullptr;
-  const auto acc_type = at::toOpMathType(activations.scalar_type());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, activations.scalar_type(), "lltm_backward_cpu", [&] {
+template <typename Cell>
+void backward(const BackwardTensors& g) {
+  constexpr int G = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
+  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
+  const int64_t* lens = ptr<int64_t>(g.lengths);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
-      const scalar_t* g = activations.data_ptr<scalar_t>();
-      scalar_t* dg = grad_gates.data_ptr<scalar_t>();
-      const scalar_t* cs = cells.data_ptr<scalar_t>();
-      const scalar_t* go = grad_output.defined() ? grad_output.data_ptr<scalar_t>() : nullptr;
-      // dh_next: what the steps after t pass back to h_t; after step 0 it is dL/dh_0.
-      at::Tensor dh_next = grad_h0.narrow(0, b0, rows);
-      if (grad_h_n.defined()) {
-        dh_next.copy_(grad_h_n.narrow(0, b0, rows));
+      scalar_t* out = g.output.data_ptr<scalar_t>();
+      scalar_t* cs = ptr<scalar_t>(g.cells);
+      // dh: what the steps after t pass back to h_t; after step 0 it is dL/dh_0.
+      at::Tensor dh = g.grad_h0.narrow(0, b0, rows);
+      if (g.grad_h_n.defined()) {
+        dh.copy_(g.grad_h_n.narrow(0, b0, rows));
       } else {
-        dh_next.zero_();
+        dh.zero_();
       }
-      at::Tensor dc = grad_c_n.defined() ? grad_c_n.narrow(0, b0, rows).to(acc_type, false, true)
-                                         : at::zeros({rows, H}, activations.options().dtype(acc_type));
-      scalar_t* dh = dh_next.data_ptr<scalar_t>();
-      acc_t* dcp = dc.data_ptr<acc_t>();
+      at::Tensor dc;
+      if (Cell::kHasCell) {
+        const auto acc_type = at::toOpMathType(g.activations.scalar_type());
+        dc = g.grad_c_n.defined() ? g.grad_c_n.narrow(0, b0, rows).to(acc_type, false, true)
+                                  : at::zeros({rows, H}, g.activations.options().dtype(acc_type));
+      }
       for (int64_t t = T - 1; t >= 0; --t) {
         const int64_t off = (t * B + b0) * H;
-        if (!lens) {
-          backward_rows_any<scalar_t, acc_t>(go ? go + off : nullptr, dh, dcp, g + 3 * off, cs + off, dg + 3 * off,
-                                             rows, H);
-        } else {
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t k = off + r * H;
-            if (t < lens[b0 + r]) {
-              backward_rows_any<scalar_t, acc_t>(go ? go + k : nullptr, dh + r * H, dcp + r * H, g + 3 * k, cs + k,
-                                                 dg + 3 * k, 1, H);
-            } else {  // finished: h_t is h_{t-1}, so dL/dh passes through and the gates get nothing
-              std::fill_n(dg + 3 * k, 3 * H, scalar_t(0));
-            }
-          }
-        }
-        dh_next.addmm_(grad_gates[t].narrow(0, b0, rows), weight_hh);  // += dg_t W_hh
+        const RowsBackward<scalar_t, acc_t> p{
+            g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() + off : nullptr,
+            dh.data_ptr<scalar_t>(),
+            ptr<acc_t>(dc),
+            g.activations.data_ptr<scalar_t>() + A * off,
+            Cell::kHasCell ? cs + off : nullptr,
+            Cell::kNeedsCPrev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
+            Cell::kNeedsHPrev ? (t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H) : nullptr,
+            g.grad_gates.data_ptr<scalar_t>() + GB * off,
+            lens ? lens + b0 : nullptr,
+            t,
+            rows,
+            H};
+        backward_rows_any<Cell, scalar_t>(p);
+        // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
+        rows_gemm<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H,
+                            g.weight_hh.data_ptr<scalar_t>(), H, dh.data_ptr<scalar_t>(), H, true);
       }
-      grad_c0.narrow(0, b0, rows).copy_(dc);
+      if (Cell::kHasCell) g.grad_c0.narrow(0, b0, rows).copy_(dc);
     });
   });
 }
 
-const Recurrence kCpu{forward, backward};
+template <typename Cell>
+const Recurrence kCpu{forward<Cell>, backward<Cell>};
 
 }  // namespace
 }  // namespace lltm
 
-TORCH_LIBRARY_IMPL(lltm, CPU, m) { lltm::register_kernels<lltm::kCpu>(m); }
+TORCH_LIBRARY_IMPL(lltm, CPU, m) {
+  lltm::register_kernels<lltm::LLTMCell, lltm::kCpu<lltm::LLTMCell>>(m);
+  lltm::register_kernels<lltm::LSTMCell, lltm::kCpu<lltm::LSTMCell>>(m);
+  lltm::register_kernels<lltm::GRUCell, lltm::kCpu<lltm::GRUCell>>(m);
+}

@@ -1,5 +1,5 @@
-// The CUDA recurrence: the persistent kernels where they apply, the stepped one elsewhere (lltm_cuda.h),
-// and the CUDA registrations of the ops.
+// The CUDA recurrence of every cell: the persistent kernels where they apply, the stepped one elsewhere
+// (lltm_cuda.h), and the CUDA registrations of the ops.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -30,46 +30,57 @@ Path path_override() {
   return path;
 }
 
-bool use_persistent(const at::Tensor& t, int64_t H) {
+// Whether LLTM_CUDA_PATH forces the stepped path; any_batch: whether it forces the persistent kernels at any
+// batch. ([[maybe_unused]]: nvcc does not count uses from templates instantiated below.)
+[[maybe_unused]] bool path_forced(bool& any_batch) {
   const Path path = path_override();
-  return path != Path::kStepped && persistent_supports(t.scalar_type(), H, t.size(1), path == Path::kPersistent);
+  any_batch = path == Path::kPersistent;
+  return path == Path::kStepped;
 }
 
-at::Tensor on_device(const at::Tensor& lengths, const at::Tensor& like) {
+[[maybe_unused]] at::Tensor on_device(const at::Tensor& lengths, const at::Tensor& like) {
   return lengths.defined() ? lengths.to(like.device(), /*non_blocking=*/true) : lengths;
 }
 
-void forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& weight_hh,
-             const at::Tensor& lengths, const at::Tensor& output, const at::Tensor& cells, const at::Tensor& h_n,
-             const at::Tensor& c_n) {
-  const c10::cuda::CUDAGuard guard(gates.device());
-  const at::Tensor lens = on_device(lengths, gates);
-  if (use_persistent(gates, h0.size(1))) {
-    persistent_forward(gates, h0, c0, weight_hh, lens, output, cells, h_n, c_n);
+template <typename Cell>
+bool use_persistent(const at::Tensor& t, int64_t H) {
+  bool any_batch = false;
+  return !path_forced(any_batch) && persistent_supports<Cell>(t.scalar_type(), H, t.size(1), any_batch);
+}
+
+template <typename Cell>
+void forward(const ForwardTensors& f) {
+  const c10::cuda::CUDAGuard guard(f.gates.device());
+  ForwardTensors on = f;
+  on.lengths = on_device(f.lengths, f.gates);
+  if (use_persistent<Cell>(f.gates, f.h0.size(1))) {
+    persistent_forward<Cell>(on);
   } else {
-    stepped_forward(gates, h0, c0, weight_hh, lens, output, cells, h_n, c_n);
+    stepped_forward<Cell>(on);
   }
 }
 
-void backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-              const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
-              const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
-              const at::Tensor& grad_c0) {
-  const c10::cuda::CUDAGuard guard(activations.device());
-  const at::Tensor lens = on_device(lengths, activations);
-  if (use_persistent(activations, cells.size(2))) {
-    persistent_backward(grad_output, grad_h_n, grad_c_n, activations, cells, weight_hh, lens, grad_gates, grad_h0,
-                        grad_c0);
+template <typename Cell>
+void backward(const BackwardTensors& g) {
+  const c10::cuda::CUDAGuard guard(g.activations.device());
+  BackwardTensors on = g;
+  on.lengths = on_device(g.lengths, g.activations);
+  if (use_persistent<Cell>(g.activations, g.h0.size(1))) {
+    persistent_backward<Cell>(on);
   } else {
-    stepped_backward(grad_output, grad_h_n, grad_c_n, activations, cells, weight_hh, lens, grad_gates, grad_h0,
-                     grad_c0);
+    stepped_backward<Cell>(on);
   }
 }
 
-const Recurrence kCuda{forward, backward};
+template <typename Cell>
+const Recurrence kCuda{forward<Cell>, backward<Cell>};
 
 }  // namespace
 }  // namespace cuda
 }  // namespace lltm
 
-TORCH_LIBRARY_IMPL(lltm, CUDA, m) { lltm::register_kernels<lltm::cuda::kCuda>(m); }
+TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
+  lltm::register_kernels<lltm::LLTMCell, lltm::cuda::kCuda<lltm::LLTMCell>>(m);
+  lltm::register_kernels<lltm::LSTMCell, lltm::cuda::kCuda<lltm::LSTMCell>>(m);
+  lltm::register_kernels<lltm::GRUCell, lltm::cuda::kCuda<lltm::GRUCell>>(m);
+}

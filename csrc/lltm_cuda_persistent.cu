@@ -1,4 +1,5 @@
-// Persistent LLTM recurrence: one launch runs all T steps, forward or backward, with W_hh on chip.
+// Persistent recurrence: one launch runs all T steps, forward or backward, with W_hh on chip. A template
+// over the cells of cells.h; which cells, dtypes and hidden sizes have a kernel: `with_hidden_size`.
 //
 // Batch rows never interact, so each thread-block cluster owns 8 batch rows (the N of one tensor-core
 // product) and splits the H hidden units over its C blocks. Block r keeps, in registers, the slice of
@@ -9,11 +10,11 @@
 // BENCHMARKS.md; the layout follows the Persistent RNN idea of Diamos et al., 2016, with the grid-wide
 // barrier replaced by a cluster barrier, available from compute capability 9.0.)
 //
-// Forward step, block r, 8 rows: gates_own^T (3U x 8) = W_own (3U x H) . h_{t-1}^T (H x 8) on tensor
+// Forward step, block r, 8 rows: gates_own^T (G U x 8) = W_own (G U x H) . h_{t-1}^T (H x 8) on tensor
 // cores (the K dimension split over warps, partial sums reduced in shared memory), plus the x-projection
-// of the step; then the pointwise math (lltm_math.h), the outputs, and h_t pushed to every block.
+// of the step; then the pointwise math (cells.h), the outputs, and h_t pushed to every block.
 // Backward step: pointwise backward of the block's own units, then the partial
-// dL/dh_{t-1} (H x 8) = W_own^T (H x 3U) . dgates_own^T (3U x 8), scattered to the owners of the units,
+// dL/dh_{t-1} (H x 8) = W_own^T (H x G U) . dgates_own^T (G U x 8), scattered to the owners of the units,
 // which add the C partial sums in a fixed order (deterministic).
 // float32 products run in TF32 when allowed (allow_tf32) and otherwise in 3xTF32, which carries about
 // float32's precision (the operands are split in a TF32 high part and a TF32 remainder).
@@ -30,7 +31,7 @@
 #include <utility>
 
 #include "lltm_cuda.h"
-#include "lltm_math.h"
+#include "cells.h"
 
 namespace lltm {
 namespace cuda {
@@ -180,9 +181,10 @@ constexpr int padded(int n) {
   return sizeof(smem_t) == 4 ? n + 4 : n + 8;
 }
 
-template <typename scalar_t, int H, bool kPrecise>
+template <typename Cell, typename scalar_t, int H, bool kPrecise>
 struct ForwardConfig {
   using Op = Operand<scalar_t, kPrecise>;
+  static constexpr int NG = Cell::kGates;     // gates
   static constexpr int C = cluster_size(H);
   static constexpr int U = H / C;            // units per block
   static constexpr int G = U / 16;           // 16-unit groups (one m16 tile per gate)
@@ -199,42 +201,47 @@ struct ForwardConfig {
   static_assert(H % (16 * C) == 0 && NK % S == 0, "unsupported hidden size");
 };
 
-template <typename scalar_t, int H, bool kPrecise>
+template <typename Cell, typename scalar_t, int H, bool kPrecise>
 struct BackwardConfig {
   using Op = Operand<scalar_t, kPrecise>;
   static constexpr int C = cluster_size(H);
   static constexpr int U = H / C;
   static constexpr int WARPS = H / 16;       // one m16 tile of dL/dh per warp
   static constexpr int NT = WARPS * 32;
-  static constexpr int K3 = 3 * U;           // the block's own gate rows: the K of the product
-  static constexpr int NKB = K3 / Op::KS;
-  static constexpr int DS = padded<typename Op::smem_t>(K3);
+  static constexpr int KG = Cell::kGates * U;  // the block's own h-side gate rows: the K of the product
+  static constexpr int NKB = KG / Op::KS;
+  static constexpr int DS = padded<typename Op::smem_t>(KG);
   static constexpr int RS = U + 4;
   static constexpr int PAIRS = U * kRows;
   static constexpr int NP = (PAIRS + NT - 1) / NT;
-  static_assert(K3 % Op::KS == 0, "unsupported hidden size");
+  static_assert(KG % Op::KS == 0, "unsupported hidden size");
 };
 
 template <typename scalar_t>
 struct ForwardParams {
-  scalar_t* gates;  // (T, B, 3H): x-projection in, activations out
+  const scalar_t* gates;  // (T, B, G H): the x-side pre-activations
+  scalar_t* act;          // (T, B, A H): the saved activations (may be `gates`: read before written)
   scalar_t* output;
-  scalar_t* cells;
+  scalar_t* cells;        // null without a c state, as c0, c_n
   scalar_t* h_n;
   scalar_t* c_n;
   const scalar_t* h0;
   const scalar_t* c0;
   const scalar_t* w_hh;
-  const int64_t* lengths;  // (B,) or null
+  const scalar_t* bias_hn;  // (H,) or null
+  const int64_t* lengths;   // (B,) or null
   int T;
   int64_t B;
 };
 
 template <typename scalar_t>
 struct BackwardParams {
-  const scalar_t* act;  // (T, B, 3H): activations
-  scalar_t* dgates;     // (T, B, 3H): gate gradients out
-  const scalar_t* cells;
+  const scalar_t* act;     // (T, B, A H): the saved activations
+  scalar_t* dgates;        // (T, B, kGradBlocks H): gate gradients out
+  const scalar_t* cells;   // c_t (cells with a c state)
+  const scalar_t* output;  // h_t (h_{t-1} of the GRU)
+  const scalar_t* h0;
+  const scalar_t* c0;
   const scalar_t* grad_output;  // each of these three may be null (zeros)
   const scalar_t* grad_h_n;
   const scalar_t* grad_c_n;
@@ -246,19 +253,20 @@ struct BackwardParams {
   int64_t B;
 };
 
-template <typename scalar_t, int H, bool kPrecise>
-__global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
+template <typename Cell, typename scalar_t, int H, bool kPrecise>
+__global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H, kPrecise>::NT, 1)
     forward_kernel(const ForwardParams<scalar_t> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // thread-block clusters need compute capability 9.0; persistent_supports() says so first
 #else
-  using Cfg = ForwardConfig<scalar_t, H, kPrecise>;
+  using Cfg = ForwardConfig<Cell, scalar_t, H, kPrecise>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
+  constexpr int NG = Cfg::NG, A = Cell::kSaved;
   constexpr int C = Cfg::C, U = Cfg::U, G = Cfg::G, S = Cfg::S, NKW = Cfg::NKW, HS = Cfg::HS, RS = Cfg::RS;
   constexpr int NT = Cfg::NT, NP = Cfg::NP, KS = Op::KS;
   __shared__ __align__(16) smem_t hbuf[2][kRows][HS];  // h_{t-1} of the cluster's rows, double-buffered
-  __shared__ float red[S][3][kRows][RS];               // partial gate sums of the K split
+  __shared__ float red[S][NG][kRows][RS];              // partial gate sums of the K split
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -268,9 +276,9 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
   const int T = p.T;
   const int64_t B = p.B;
 
-  typename Op::A wf[3][NKW];
+  typename Op::A wf[NG][NKW];
 #pragma unroll
-  for (int q = 0; q < 3; ++q) {
+  for (int q = 0; q < NG; ++q) {
 #pragma unroll
     for (int kk = 0; kk < NKW; ++kk) {
       const scalar_t* w = p.w_hh + static_cast<int64_t>(q * H + rank * U + ug * 16) * H + (ks * NKW + kk) * KS;
@@ -282,15 +290,16 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
     const int64_t b = b_base + n;
     hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * H + k])) : Op::to_smem(0.f);
   }
-  float c[NP], h[NP], x[NP][3];
+  float c[NP], h[NP], x[NP][NG], bhn[NP];
   int len[NP];
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U, n = pair / U;
     const int64_t b = b_base + n;
     const bool valid = pair < Cfg::PAIRS && b < B;
-    c[j] = valid ? float(p.c0[b * H + rank * U + u]) : 0.f;
+    c[j] = valid && Cell::kHasCell ? float(p.c0[b * H + rank * U + u]) : 0.f;
     h[j] = valid ? float(p.h0[b * H + rank * U + u]) : 0.f;
+    bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
   smem_t* hremote[C];
@@ -302,12 +311,7 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
     for (int j = 0; j < NP; ++j) {
       const int pair = tid + j * NT, u = pair % U;
       const int64_t b = b_base + pair / U;
-      if (t < len[j]) {
-        const scalar_t* g = p.gates + (static_cast<int64_t>(t) * B + b) * 3 * H + rank * U + u;
-        x[j][0] = float(g[0]);
-        x[j][1] = float(g[H]);
-        x[j][2] = float(g[2 * H]);
-      }
+      if (t < len[j]) load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * H + rank * U + u, H, x[j]);
     }
   };
   load_x(0);
@@ -315,15 +319,15 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
 
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
-    float acc[3][4] = {};
+    float acc[NG][4] = {};
 #pragma unroll
     for (int kk = 0; kk < NKW; ++kk) {
       const typename Op::B bf = Op::load_b(&hbuf[cur][0][0], HS, (ks * NKW + kk) * KS, gid, tig);
 #pragma unroll
-      for (int q = 0; q < 3; ++q) Op::mma(acc[q], wf[q][kk], bf);
+      for (int q = 0; q < NG; ++q) Op::mma(acc[q], wf[q][kk], bf);
     }
 #pragma unroll
-    for (int q = 0; q < 3; ++q) {  // fragment (row m = unit, column n = batch row)
+    for (int q = 0; q < NG; ++q) {  // fragment (row m = unit, column n = batch row)
       float* r = &red[ks][q][0][0];
       const int u0 = ug * 16 + gid;
       r[(2 * tig) * RS + u0] = acc[q][0];
@@ -340,29 +344,21 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
       if (b < B) {
         const int64_t row = static_cast<int64_t>(t) * B + b;
         const int64_t k = row * H + rank * U + u;
-        if (t < len[j]) {
-          float g3[3];
+        float gh[NG], s[A];
 #pragma unroll
-          for (int q = 0; q < 3; ++q) {
-            float s = x[j][q];
+        for (int q = 0; q < NG; ++q) {
+          float sum = 0.f;
 #pragma unroll
-            for (int s2 = 0; s2 < S; ++s2) s += red[s2][q][n][u];
-            g3[q] = s;
-          }
-          float i, o, z, cn, hn;
-          math::forward<float, DeviceMath>(g3[0], g3[1], g3[2], c[j], i, o, z, cn, hn);
-          scalar_t* g = p.gates + row * 3 * H + rank * U + u;
-          g[0] = scalar_t(i);
-          g[H] = scalar_t(o);
-          g[2 * H] = scalar_t(z);
-          p.cells[k] = scalar_t(cn);
-          p.output[k] = scalar_t(hn);
-          c[j] = cn;
-          h[j] = hn;
-        } else {  // a finished row keeps its state and outputs zeros
-          p.cells[k] = scalar_t(c[j]);
-          p.output[k] = scalar_t(0.f);
+          for (int s2 = 0; s2 < S; ++s2) sum += red[s2][q][n][u];
+          gh[q] = sum;
         }
+        if (Cell::kSplit) gh[NG - 1] += bhn[j];
+        const bool run = t < len[j];
+        const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s)
+                              : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
+        store_blocks(p.act + row * A * H + rank * U + u, H, s);
+        p.output[k] = scalar_t(out);
+        if (Cell::kHasCell) p.cells[k] = scalar_t(c[j]);
       }
 #pragma unroll
       for (int rr = 0; rr < C; ++rr) hremote[rr][((cur ^ 1) * kRows + n) * HS + rank * U + u] = Op::to_smem(h[j]);
@@ -377,24 +373,25 @@ __global__ void __launch_bounds__(ForwardConfig<scalar_t, H, kPrecise>::NT, 1)
     const int64_t b = b_base + pair / U;
     if (pair < Cfg::PAIRS && b < B) {
       p.h_n[b * H + rank * U + u] = scalar_t(h[j]);
-      p.c_n[b * H + rank * U + u] = scalar_t(c[j]);
+      if (Cell::kHasCell) p.c_n[b * H + rank * U + u] = scalar_t(c[j]);
     }
   }
 #endif
 }
 
-template <typename scalar_t, int H, bool kPrecise>
-__global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
+template <typename Cell, typename scalar_t, int H, bool kPrecise>
+__global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H, kPrecise>::NT, 1)
     backward_kernel(const BackwardParams<scalar_t> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();
 #else
-  using Cfg = BackwardConfig<scalar_t, H, kPrecise>;
+  using Cfg = BackwardConfig<Cell, scalar_t, H, kPrecise>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
+  constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
   constexpr int C = Cfg::C, U = Cfg::U, NKB = Cfg::NKB, DS = Cfg::DS, RS = Cfg::RS, NT = Cfg::NT;
   constexpr int NP = Cfg::NP, KS = Op::KS;
-  __shared__ __align__(16) smem_t dgbuf[kRows][DS];         // this block's gate gradients, [row][gate row]
+  __shared__ __align__(16) smem_t dgbuf[kRows][DS];         // this block's h-side gate gradients, [row][gate row]
   __shared__ float slots[2][C][kRows][RS];                  // partial dL/dh of our units, from each block
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -404,7 +401,7 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
   const int T = p.T;
   const int64_t B = p.B;
 
-  // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are (i, o, z) x U units.
+  // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are the gates x U units.
   typename Op::A wf[NKB];
 #pragma unroll
   for (int kk = 0; kk < NKB; ++kk) {
@@ -416,7 +413,7 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
         gid, tig);
   }
   for (int idx = tid; idx < 2 * C * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
-  float dc[NP], carry[NP], a3[NP][3], cc[NP], go[NP];
+  float dc[NP], carry[NP], sv[NP][A], cc[NP], cp[NP], hp[NP], go[NP];
   int len[NP];
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
@@ -438,12 +435,12 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
       const int64_t b = b_base + pair / U;
       if (t < len[j]) {
         const int64_t row = static_cast<int64_t>(t) * B + b;
-        const scalar_t* a = p.act + row * 3 * H + rank * U + u;
-        a3[j][0] = float(a[0]);
-        a3[j][1] = float(a[H]);
-        a3[j][2] = float(a[2 * H]);
-        cc[j] = float(p.cells[row * H + rank * U + u]);
-        go[j] = p.grad_output ? float(p.grad_output[row * H + rank * U + u]) : 0.f;
+        const int64_t k = row * H + rank * U + u, k_prev = k - B * H, k0 = b * H + rank * U + u;
+        load_blocks(p.act + row * A * H + rank * U + u, H, sv[j]);
+        if (Cell::kHasCell) cc[j] = float(p.cells[k]);
+        if (Cell::kNeedsCPrev) cp[j] = float(t > 0 ? p.cells[k_prev] : p.c0[k0]);
+        if (Cell::kNeedsHPrev) hp[j] = float(t > 0 ? p.output[k_prev] : p.h0[k0]);
+        go[j] = p.grad_output ? float(p.grad_output[k]) : 0.f;
       }
     }
   };
@@ -457,25 +454,17 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
       const int pair = tid + j * NT, u = pair % U, n = pair / U;
       if (pair >= Cfg::PAIRS) continue;
       const int64_t b = b_base + n;
-      float d3[3] = {0.f, 0.f, 0.f};
+      float dg[GB] = {};
       if (b < B) {
         float dh = carry[j];
 #pragma unroll
         for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
-        if (t < len[j]) {
-          math::backward<float, DeviceMath>(dh + go[j], dc[j], a3[j][0], a3[j][1], a3[j][2], cc[j], d3[0], d3[1],
-                                            d3[2]);
-          carry[j] = 0.f;
-        } else {  // finished row: h_t = h_{t-1}, so dL/dh passes on and the gates get nothing
-          carry[j] = dh;
-        }
-        scalar_t* dg = p.dgates + (static_cast<int64_t>(t) * B + b) * 3 * H + rank * U + u;
-        dg[0] = scalar_t(d3[0]);
-        dg[H] = scalar_t(d3[1]);
-        dg[2 * H] = scalar_t(d3[2]);
+        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg)
+                              : backward_values<Cell, DeviceMath, false>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg);
+        store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * H + rank * U + u, H, dg);
       }
 #pragma unroll
-      for (int q = 0; q < 3; ++q) dgbuf[n][q * U + u] = Op::to_smem(d3[q]);
+      for (int q = 0; q < NG; ++q) dgbuf[n][q * U + u] = Op::to_smem(dg[q]);
     }
     __syncthreads();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -502,7 +491,7 @@ __global__ void __launch_bounds__(BackwardConfig<scalar_t, H, kPrecise>::NT, 1)
 #pragma unroll
       for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
       p.grad_h0[b * H + rank * U + u] = scalar_t(dh);
-      p.grad_c0[b * H + rank * U + u] = scalar_t(dc[j]);
+      if (Cell::kHasCell) p.grad_c0[b * H + rank * U + u] = scalar_t(dc[j]);
     }
   }
 #endif
@@ -563,21 +552,27 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   return n;
 }
 
-// Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel in this element type. At
-// H = 512 only 16-bit weights fit in registers (48 a thread; float32 would need 96, 3xTF32 192).
-template <typename scalar_t, typename F>
+// Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel for this cell and element
+// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM; float32 would need 96,
+// 3xTF32 192). The LSTM and GRU have none yet: their register budgets (4 gates, the GRU's split
+// candidate) are measured before they get any (until then they take the stepped path).
+template <typename Cell, typename scalar_t, typename F>
 bool with_hidden_size(int64_t H, F f) {
-  switch (H) {
-    case 64: f(std::integral_constant<int, 64>{}); return true;
-    case 128: f(std::integral_constant<int, 128>{}); return true;
-    case 256: f(std::integral_constant<int, 256>{}); return true;
-    case 512:
-      if constexpr (sizeof(scalar_t) == 2) {
-        f(std::integral_constant<int, 512>{});
-        return true;
-      }
-      return false;
-    default: return false;
+  if constexpr (!std::is_same_v<Cell, LLTMCell>) {
+    return false;
+  } else {
+    switch (H) {
+      case 64: f(std::integral_constant<int, 64>{}); return true;
+      case 128: f(std::integral_constant<int, 128>{}); return true;
+      case 256: f(std::integral_constant<int, 256>{}); return true;
+      case 512:
+        if constexpr (sizeof(scalar_t) == 2) {
+          f(std::integral_constant<int, 512>{});
+          return true;
+        }
+        return false;
+      default: return false;
+    }
   }
 }
 
@@ -604,6 +599,7 @@ T* ptr(const at::Tensor& t) {
 
 }  // namespace
 
+template <typename Cell>
 bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_batch) {
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
@@ -612,59 +608,69 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_ba
   with_scalar_type(dtype, [&](auto zero, auto precise) {
     using scalar_t = decltype(zero);
     constexpr bool kPrecise = decltype(precise)::value;
-    with_hidden_size<scalar_t>(H, [&](auto h) {
+    with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = ForwardConfig<scalar_t, kH, kPrecise>;
-      const int active = max_active_clusters(forward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C);
+      using Cfg = ForwardConfig<Cell, scalar_t, kH, kPrecise>;
+      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C);
       ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves(kH) * static_cast<int64_t>(active));
     });
   });
   return ok;
 }
 
-void persistent_forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0,
-                        const at::Tensor& weight_hh, const at::Tensor& lengths, const at::Tensor& output,
-                        const at::Tensor& cells, const at::Tensor& h_n, const at::Tensor& c_n) {
-  const int64_t T = gates.size(0), B = gates.size(1), H = h0.size(1);
+template <typename Cell>
+void persistent_forward(const ForwardTensors& f) {
+  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
-  with_scalar_type(gates.scalar_type(), [&](auto zero, auto precise) {
+  with_scalar_type(f.gates.scalar_type(), [&](auto zero, auto precise) {
     using scalar_t = decltype(zero);
     constexpr bool kPrecise = decltype(precise)::value;
-    const ForwardParams<scalar_t> params{ptr<scalar_t>(gates), ptr<scalar_t>(output), ptr<scalar_t>(cells),
-                                         ptr<scalar_t>(h_n),   ptr<scalar_t>(c_n),    ptr<scalar_t>(h0),
-                                         ptr<scalar_t>(c0),    ptr<scalar_t>(weight_hh), ptr<int64_t>(lengths),
-                                         static_cast<int>(T), B};
-    const bool ok = with_hidden_size<scalar_t>(H, [&](auto h) {
+    const ForwardParams<scalar_t> params{ptr<scalar_t>(f.gates), ptr<scalar_t>(f.activations),
+                                         ptr<scalar_t>(f.output), ptr<scalar_t>(f.cells),
+                                         ptr<scalar_t>(f.h_n),   ptr<scalar_t>(f.c_n),
+                                         ptr<scalar_t>(f.h0),    ptr<scalar_t>(f.c0),
+                                         ptr<scalar_t>(f.weight_hh), ptr<scalar_t>(f.bias_hn),
+                                         ptr<int64_t>(f.lengths), static_cast<int>(T), B};
+    const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = ForwardConfig<scalar_t, kH, kPrecise>;
-      launch(forward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+      using Cfg = ForwardConfig<Cell, scalar_t, kH, kPrecise>;
+      launch(forward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });
 }
 
-void persistent_backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-                         const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
-                         const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
-                         const at::Tensor& grad_c0) {
-  const int64_t T = activations.size(0), B = activations.size(1), H = cells.size(2);
+template <typename Cell>
+void persistent_backward(const BackwardTensors& g) {
+  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
-  with_scalar_type(activations.scalar_type(), [&](auto zero, auto precise) {
+  with_scalar_type(g.activations.scalar_type(), [&](auto zero, auto precise) {
     using scalar_t = decltype(zero);
     constexpr bool kPrecise = decltype(precise)::value;
-    const BackwardParams<scalar_t> params{ptr<scalar_t>(activations), ptr<scalar_t>(grad_gates), ptr<scalar_t>(cells),
-                                          ptr<scalar_t>(grad_output), ptr<scalar_t>(grad_h_n),
-                                          ptr<scalar_t>(grad_c_n),    ptr<scalar_t>(weight_hh),
-                                          ptr<int64_t>(lengths),      ptr<scalar_t>(grad_h0),
-                                          ptr<scalar_t>(grad_c0),     static_cast<int>(T), B};
-    const bool ok = with_hidden_size<scalar_t>(H, [&](auto h) {
+    const BackwardParams<scalar_t> params{ptr<scalar_t>(g.activations), ptr<scalar_t>(g.grad_gates),
+                                          ptr<scalar_t>(g.cells),       ptr<scalar_t>(g.output),
+                                          ptr<scalar_t>(g.h0),          ptr<scalar_t>(g.c0),
+                                          ptr<scalar_t>(g.grad_output), ptr<scalar_t>(g.grad_h_n),
+                                          ptr<scalar_t>(g.grad_c_n),    ptr<scalar_t>(g.weight_hh),
+                                          ptr<int64_t>(g.lengths),      ptr<scalar_t>(g.grad_h0),
+                                          ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B};
+    const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = BackwardConfig<scalar_t, kH, kPrecise>;
-      launch(backward_kernel<scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+      using Cfg = BackwardConfig<Cell, scalar_t, kH, kPrecise>;
+      launch(backward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });
 }
+
+#define LLTM_PERSISTENT(CELL)                                                          \
+  template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, bool);     \
+  template void persistent_forward<CELL>(const ForwardTensors&);                       \
+  template void persistent_backward<CELL>(const BackwardTensors&);
+LLTM_PERSISTENT(LLTMCell)
+LLTM_PERSISTENT(LSTMCell)
+LLTM_PERSISTENT(GRUCell)
+#undef LLTM_PERSISTENT
 
 }  // namespace cuda
 }  // namespace lltm

@@ -1,5 +1,5 @@
-// Stepped LLTM recurrence, for the shapes the persistent kernels do not take: per time step one cuBLAS
-// GEMM (h_{t-1} W_hh^T forward, dgates_t W_hh backward) and one fused pointwise kernel.
+// Stepped recurrence of every cell, for the shapes the persistent kernels do not take: per time step one
+// cuBLAS GEMM (h_{t-1} W_hh^T forward, dgates_t W_hh backward) and one fused pointwise kernel (cells.h).
 //
 // Launching 2T kernels from the host costs more than the GPU work at most sizes, so the steps are
 // captured once per shape into CUDA graphs of up to kMaxChunk steps and replayed. The graphs never hold
@@ -29,7 +29,8 @@
 #include <vector>
 
 #include "lltm_cuda.h"
-#include "lltm_math.h"
+#include "cells.h"
+#include "lltm.h"
 
 namespace lltm {
 namespace cuda {
@@ -43,12 +44,15 @@ constexpr size_t kWorkspaceBytes = 8 << 20;
 // Where a call's tensors are; the graphs read it from device memory.
 template <typename scalar_t>
 struct StepArgs {
-  scalar_t* gates;              // (T, B, 3H): forward: x-projection in, activations out; backward: activations
-  scalar_t* grad_gates;         // (T, B, 3H), backward
-  scalar_t* output;             // (T, B, H), forward
-  const scalar_t* cells;        // (T, B, H)
-  scalar_t* cells_out;          // forward
+  scalar_t* gates;              // (T, B, G H): x-side pre-activations; forward only
+  scalar_t* activations;        // (T, B, A H): written forward (may be `gates`), read backward
+  scalar_t* grad_gates;         // (T, B, kGradBlocks H), backward
+  scalar_t* output;             // (T, B, H): written forward, read backward (h_{t-1} of the GRU)
+  scalar_t* cells;              // (T, B, H): c_t; written forward, read backward (cells with a c state)
   const scalar_t* grad_output;  // (T, B, H), backward; may be null
+  const scalar_t* bias_hn;      // (H,) the split gate's h-side bias, forward; may be null
+  const scalar_t* h0;           // (B, H), backward (h_{t-1} at t = 0)
+  const scalar_t* c0;           // (B, H), backward (c_{t-1} at t = 0)
   const int64_t* lengths;       // (B,) or null
   int64_t t;                    // the step of a chunk's first node; each chunk advances it
 };
@@ -68,65 +72,53 @@ int blocks_for(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, sms * 8)));
 }
 
-// Step args->t + i: hw (B, 3H) = h_{t-1} W_hh^T from the GEMM; h, c: the running state.
-template <typename scalar_t, typename acc_t>
-__global__ void forward_step(const StepArgs<scalar_t>* __restrict__ args, const acc_t* __restrict__ hw,
-                             scalar_t* __restrict__ h, acc_t* __restrict__ c, int64_t B, int64_t H, int i) {
+// Step args->t + i: hw (B, G H) = h_{t-1} W_hh^T from the GEMM; h, c: the running state.
+template <typename Cell, typename scalar_t, typename acc_t>
+__global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args, const acc_t* __restrict__ hw,
+                                    scalar_t* __restrict__ h, acc_t* __restrict__ c, int64_t B, int64_t H, int i) {
+  constexpr int G = Cell::kGates;
   const int64_t t = args->t + i;
   const int64_t n = B * H;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = k / H, j = k - b * H, row = t * B + b;
-    scalar_t* g = args->gates + row * 3 * H + j;
-    if (!args->lengths || t < args->lengths[b]) {
-      const acc_t* r = hw + b * 3 * H + j;
-      acc_t i_, o, z, cn, hn;
-      math::forward<acc_t, DeviceMath>(acc_t(g[0]) + r[0], acc_t(g[H]) + r[H], acc_t(g[2 * H]) + r[2 * H], c[k], i_,
-                                       o, z, cn, hn);
-      g[0] = scalar_t(i_);
-      g[H] = scalar_t(o);
-      g[2 * H] = scalar_t(z);
-      args->cells_out[row * H + j] = scalar_t(cn);
-      args->output[row * H + j] = scalar_t(hn);
-      h[k] = scalar_t(hn);
-      c[k] = cn;
-    } else {  // a finished row keeps its state and outputs zeros
-      args->cells_out[row * H + j] = scalar_t(c[k]);
-      args->output[row * H + j] = scalar_t(0);
-    }
+    acc_t gh[G];
+    load_blocks(hw + b * G * H + j, H, gh);
+    if (Cell::kSplit && args->bias_hn) gh[G - 1] += acc_t(args->bias_hn[j]);
+    acc_t cv = Cell::kHasCell ? c[k] : acc_t(0), hv = acc_t(h[k]);
+    forward_step<Cell, DeviceMath>(running(args->lengths, b, t), args->gates + row * G * H + j, gh, cv, hv,
+                                   args->activations + row * Cell::kSaved * H + j, args->output + row * H + j,
+                                   Cell::kHasCell ? args->cells + row * H + j : nullptr, H);
+    h[k] = scalar_t(hv);
+    if (Cell::kHasCell) c[k] = cv;
   }
 }
 
-// Step args->t - i. dh (B, H): on entry what the later steps pass back to h_t, on return the part that
-// passes through unchanged (finished rows), to which the GEMM then adds dgates_t W_hh. dg: scratch copy
-// of the gate gradients, the GEMM's input.
-template <typename scalar_t, typename acc_t>
-__global__ void backward_step(const StepArgs<scalar_t>* __restrict__ args, acc_t* __restrict__ dh,
-                              acc_t* __restrict__ dc, scalar_t* __restrict__ dg, int64_t B, int64_t H, int i) {
+// Step args->t - i. dh (B, H): on entry what the later steps pass back to h_t, on return the part of dL/dh_{t-1}
+// that does not go through W_hh, to which the GEMM then adds dgates_t W_hh. dg: scratch copy of the h-side gate
+// gradients (B, G H), the GEMM's input.
+template <typename Cell, typename scalar_t, typename acc_t>
+__global__ void backward_step_kernel(const StepArgs<scalar_t>* __restrict__ args, acc_t* __restrict__ dh,
+                                     acc_t* __restrict__ dc, scalar_t* __restrict__ dg, int64_t B, int64_t H, int i) {
+  constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
   const int64_t t = args->t - i;
   const int64_t n = B * H;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = k / H, j = k - b * H, row = t * B + b;
-    const scalar_t* a = args->gates + row * 3 * H + j;
-    scalar_t* ga = args->grad_gates + row * 3 * H + j;
-    acc_t d_i = 0, d_o = 0, d_z = 0;
-    if (!args->lengths || t < args->lengths[b]) {
-      acc_t dhv = dh[k];
-      if (args->grad_output) dhv += acc_t(args->grad_output[row * H + j]);
-      acc_t dcv = dc[k];
-      math::backward<acc_t, DeviceMath>(dhv, dcv, acc_t(a[0]), acc_t(a[H]), acc_t(a[2 * H]),
-                                        acc_t(args->cells[row * H + j]), d_i, d_o, d_z);
-      dc[k] = dcv;
-      dh[k] = 0;
-    }
-    ga[0] = scalar_t(d_i);
-    ga[H] = scalar_t(d_o);
-    ga[2 * H] = scalar_t(d_z);
-    scalar_t* d = dg + b * 3 * H + j;
-    d[0] = scalar_t(d_i);
-    d[H] = scalar_t(d_o);
-    d[2 * H] = scalar_t(d_z);
+    const int64_t prev = (t - 1) * B * H + k;  // (t - 1, b, j)
+    acc_t c = 0, c_prev = 0, h_prev = 0, dcv = Cell::kHasCell ? dc[k] : acc_t(0), grads[GB];
+    if (Cell::kHasCell) c = acc_t(args->cells[row * H + j]);
+    if (Cell::kNeedsCPrev) c_prev = acc_t(t > 0 ? args->cells[prev] : args->c0[k]);
+    if (Cell::kNeedsHPrev) h_prev = acc_t(t > 0 ? args->output[prev] : args->h0[k]);
+    const acc_t d_out = args->grad_output ? acc_t(args->grad_output[row * H + j]) : acc_t(0);
+    dh[k] = backward_step<Cell, DeviceMath>(running(args->lengths, b, t), dh[k], d_out, dcv,
+                                            args->activations + row * Cell::kSaved * H + j, c, c_prev, h_prev, grads,
+                                            args->grad_gates + row * GB * H + j, H);
+    if (Cell::kHasCell) dc[k] = dcv;
+    scalar_t* d = dg + b * G * H + j;
+#pragma unroll
+    for (int q = 0; q < G; ++q) d[q * H] = scalar_t(grads[q]);
   }
 }
 
@@ -174,10 +166,10 @@ struct DeviceBuffer {
   T* as() const { return static_cast<T*>(ptr); }
 };
 
-// One shape's scratch buffers and graphs (per device, stream, dtype, B, H, direction, TF32 setting).
-// Buffers: the StepArgs block; a copy of W_hh (3H, H), the GEMM's fixed operand; `vec` (scalar_t):
-// the running h (B, H) forward or a copy of the gate gradients (B, 3H) backward; `acc1`, `acc2`
-// (accumulate type): h W_hh^T (B, 3H) and the cell state (B, H) forward, dL/dh and dL/dc (B, H) backward.
+// One shape's scratch buffers and graphs (per device, stream, cell, dtype, B, H, direction, TF32 setting).
+// Buffers: the StepArgs block; a copy of W_hh (G H, H), the GEMM's fixed operand; `vec` (scalar_t):
+// the running h (B, H) forward or a copy of the h-side gate gradients (B, G H) backward; `acc1`, `acc2`
+// (accumulate type): h W_hh^T (B, G H) and the cell state (B, H) forward, dL/dh and dL/dc (B, H) backward.
 struct Entry {
   DeviceBuffer args, w, vec, acc1, acc2;
   std::map<int, cudaGraphExec_t> graphs;  // by chunk length
@@ -195,7 +187,7 @@ struct DeviceResources {
   std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspace;
 };
 
-using Key = std::tuple<int, cudaStream_t, int, int64_t, int64_t, bool, bool>;
+using Key = std::tuple<int, cudaStream_t, int, int, int64_t, int64_t, bool, bool>;  // cell: kGates * 10 + kSaved
 
 struct Cache {
   std::mutex mutex;
@@ -269,12 +261,11 @@ struct Scratch {
   void* acc2;
 };
 
-// Byte sizes of the five scratch buffers of one direction.
-std::array<size_t, 5> scratch_bytes(bool backward, int64_t B, int64_t H, size_t scalar, size_t acc, size_t args) {
-  return backward ? std::array<size_t, 5>{args, size_t(3 * H * H) * scalar, size_t(3 * B * H) * scalar, size_t(B * H) * acc,
-                                          size_t(B * H) * acc}
-                  : std::array<size_t, 5>{args, size_t(3 * H * H) * scalar, size_t(B * H) * scalar, size_t(3 * B * H) * acc,
-                                          size_t(B * H) * acc};
+// Byte sizes of the five scratch buffers of one direction, for G gates.
+std::array<size_t, 5> scratch_bytes(bool backward, int G, int64_t B, int64_t H, size_t scalar, size_t acc, size_t args) {
+  const size_t w = size_t(G * H * H) * scalar, gates = size_t(G * B * H), state = size_t(B * H);
+  return backward ? std::array<size_t, 5>{args, w, gates * scalar, state * acc, state * acc}
+                  : std::array<size_t, 5>{args, w, state * scalar, gates * acc, state * acc};
 }
 
 void make_entry(Entry& e, const std::array<size_t, 5>& bytes, cudaStream_t stream) {
@@ -312,35 +303,48 @@ void with_scratch(const Key& key, const std::array<size_t, 5>& bytes, const at::
 
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-void stepped_forward(const at::Tensor& gates, const at::Tensor& h0, const at::Tensor& c0,
-                     const at::Tensor& weight_hh, const at::Tensor& lengths, const at::Tensor& output,
-                     const at::Tensor& cells, const at::Tensor& h_n, const at::Tensor& c_n) {
-  const int64_t T = gates.size(0), B = gates.size(1), H = h0.size(1);
+template <typename Cell>
+void stepped_forward(const ForwardTensors& f) {
+  constexpr int G = Cell::kGates;
+  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool tf32 = allow_tf32();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_stepped_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_stepped_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const StepArgs<scalar_t> host{gates.data_ptr<scalar_t>(), nullptr, output.data_ptr<scalar_t>(), nullptr,
-                                  cells.data_ptr<scalar_t>(),  nullptr,
-                                  lengths.defined() ? lengths.data_ptr<int64_t>() : nullptr, 0};
-    const Key key{gates.get_device(), stream, static_cast<int>(gates.scalar_type()), B, H, false, tf32};
-    const auto bytes = scratch_bytes(false, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
-    with_scratch(key, bytes, gates, stream, [&](const Scratch& x, Entry* e, DeviceResources* d, cublasHandle_t handle) {
+    const auto acc_opts = f.gates.options().dtype(at::toOpMathType(f.gates.scalar_type()));
+    const StepArgs<scalar_t> host{f.gates.data_ptr<scalar_t>(),
+                                  f.activations.data_ptr<scalar_t>(),
+                                  nullptr,
+                                  f.output.data_ptr<scalar_t>(),
+                                  Cell::kHasCell ? f.cells.data_ptr<scalar_t>() : nullptr,
+                                  nullptr,
+                                  f.bias_hn.defined() ? f.bias_hn.data_ptr<scalar_t>() : nullptr,
+                                  nullptr,
+                                  nullptr,
+                                  f.lengths.defined() ? f.lengths.data_ptr<int64_t>() : nullptr,
+                                  0};
+    const Key key{f.gates.get_device(), stream, G * 10 + Cell::kSaved, static_cast<int>(f.gates.scalar_type()),
+                  B, H, false, tf32};
+    const auto bytes = scratch_bytes(false, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
+    with_scratch(key, bytes, f.gates, stream, [&](const Scratch& x, Entry* e, DeviceResources* d, cublasHandle_t handle) {
       auto* args = static_cast<StepArgs<scalar_t>*>(x.args);
       auto* h = static_cast<scalar_t*>(x.vec);
       auto* hw = static_cast<acc_t*>(x.acc1);
       auto* c = static_cast<acc_t*>(x.acc2);
       // A graph reads W_hh from the entry's copy; inside a caller's capture the GEMMs read it in place.
-      const scalar_t* w = e ? static_cast<scalar_t*>(x.w) : weight_hh.data_ptr<scalar_t>();
-      if (e) C10_CUDA_CHECK(cudaMemcpyAsync(x.w, weight_hh.data_ptr(), weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
-      at::from_blob(h, {B, H}, gates.options()).copy_(h0);
-      at::from_blob(c, {B, H}, gates.options().dtype(at::toOpMathType(gates.scalar_type()))).copy_(c0);
+      const scalar_t* w = e ? static_cast<scalar_t*>(x.w) : f.weight_hh.data_ptr<scalar_t>();
+      if (e) {
+        C10_CUDA_CHECK(
+            cudaMemcpyAsync(x.w, f.weight_hh.data_ptr(), f.weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      }
+      at::from_blob(h, {B, H}, f.gates.options()).copy_(f.h0);
+      if (Cell::kHasCell) at::from_blob(c, {B, H}, acc_opts).copy_(f.c0);
       set_args<scalar_t><<<1, 1, 0, stream>>>(args, host);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       auto issue = [&](cudaStream_t s, int steps, bool advance_t) {
         for (int i = 0; i < steps; ++i) {
-          gemm<scalar_t, acc_t>(handle, CUBLAS_OP_T, 3 * H, B, H, w, H, h, H, acc_t(0), hw, 3 * H, tf32);
-          forward_step<scalar_t, acc_t><<<blocks_for(B * H), kThreads, 0, s>>>(args, hw, h, c, B, H, i);
+          gemm<scalar_t, acc_t>(handle, CUBLAS_OP_T, G * H, B, H, w, H, h, H, acc_t(0), hw, G * H, tf32);
+          forward_step_kernel<Cell, scalar_t, acc_t><<<blocks_for(B * H), kThreads, 0, s>>>(args, hw, h, c, B, H, i);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         }
         if (advance_t) {
@@ -353,58 +357,67 @@ void stepped_forward(const at::Tensor& gates, const at::Tensor& h0, const at::Te
       } else {
         issue(stream, static_cast<int>(T), false);
       }
-      h_n.copy_(at::from_blob(h, {B, H}, gates.options()));
-      c_n.copy_(at::from_blob(c, {B, H}, gates.options().dtype(at::toOpMathType(gates.scalar_type()))));
+      f.h_n.copy_(at::from_blob(h, {B, H}, f.gates.options()));
+      if (Cell::kHasCell) f.c_n.copy_(at::from_blob(c, {B, H}, acc_opts));
     });
   });
 }
 
-void stepped_backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
-                      const at::Tensor& activations, const at::Tensor& cells, const at::Tensor& weight_hh,
-                      const at::Tensor& lengths, const at::Tensor& grad_gates, const at::Tensor& grad_h0,
-                      const at::Tensor& grad_c0) {
-  const int64_t T = activations.size(0), B = activations.size(1), H = cells.size(2);
+template <typename Cell>
+void stepped_backward(const BackwardTensors& g) {
+  constexpr int G = Cell::kGates;
+  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool tf32 = allow_tf32();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, activations.scalar_type(), "lltm_stepped_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_stepped_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const auto acc_opts = activations.options().dtype(at::toOpMathType(activations.scalar_type()));
-    const StepArgs<scalar_t> host{activations.data_ptr<scalar_t>(),
-                                  grad_gates.data_ptr<scalar_t>(),
+    const auto acc_opts = g.activations.options().dtype(at::toOpMathType(g.activations.scalar_type()));
+    const StepArgs<scalar_t> host{nullptr,
+                                  g.activations.data_ptr<scalar_t>(),
+                                  g.grad_gates.data_ptr<scalar_t>(),
+                                  g.output.data_ptr<scalar_t>(),
+                                  Cell::kHasCell ? g.cells.data_ptr<scalar_t>() : nullptr,
+                                  g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() : nullptr,
                                   nullptr,
-                                  cells.data_ptr<scalar_t>(),
-                                  nullptr,
-                                  grad_output.defined() ? grad_output.data_ptr<scalar_t>() : nullptr,
-                                  lengths.defined() ? lengths.data_ptr<int64_t>() : nullptr,
+                                  g.h0.data_ptr<scalar_t>(),
+                                  Cell::kNeedsCPrev ? g.c0.data_ptr<scalar_t>() : nullptr,
+                                  g.lengths.defined() ? g.lengths.data_ptr<int64_t>() : nullptr,
                                   T - 1};
-    const Key key{activations.get_device(), stream, static_cast<int>(activations.scalar_type()), B, H, true, tf32};
-    const auto bytes = scratch_bytes(true, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
-    with_scratch(key, bytes, activations, stream, [&](const Scratch& x, Entry* e, DeviceResources* d, cublasHandle_t handle) {
+    const Key key{g.activations.get_device(), stream, G * 10 + Cell::kSaved,
+                  static_cast<int>(g.activations.scalar_type()), B, H, true, tf32};
+    const auto bytes = scratch_bytes(true, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
+    with_scratch(key, bytes, g.activations, stream, [&](const Scratch& x, Entry* e, DeviceResources* d,
+                                                        cublasHandle_t handle) {
       auto* args = static_cast<StepArgs<scalar_t>*>(x.args);
       auto* dg = static_cast<scalar_t*>(x.vec);
       auto* dh = static_cast<acc_t*>(x.acc1);
       auto* dc = static_cast<acc_t*>(x.acc2);
-      const scalar_t* w = e ? static_cast<scalar_t*>(x.w) : weight_hh.data_ptr<scalar_t>();
-      if (e) C10_CUDA_CHECK(cudaMemcpyAsync(x.w, weight_hh.data_ptr(), weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      const scalar_t* w = e ? static_cast<scalar_t*>(x.w) : g.weight_hh.data_ptr<scalar_t>();
+      if (e) {
+        C10_CUDA_CHECK(
+            cudaMemcpyAsync(x.w, g.weight_hh.data_ptr(), g.weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      }
       at::Tensor dh_t = at::from_blob(dh, {B, H}, acc_opts), dc_t = at::from_blob(dc, {B, H}, acc_opts);
-      if (grad_h_n.defined()) {
-        dh_t.copy_(grad_h_n);
+      if (g.grad_h_n.defined()) {
+        dh_t.copy_(g.grad_h_n);
       } else {
         dh_t.zero_();
       }
-      if (grad_c_n.defined()) {
-        dc_t.copy_(grad_c_n);
-      } else {
-        dc_t.zero_();
+      if (Cell::kHasCell) {
+        if (g.grad_c_n.defined()) {
+          dc_t.copy_(g.grad_c_n);
+        } else {
+          dc_t.zero_();
+        }
       }
       set_args<scalar_t><<<1, 1, 0, stream>>>(args, host);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       auto issue = [&](cudaStream_t s, int steps, bool advance_t) {
         for (int i = 0; i < steps; ++i) {
-          backward_step<scalar_t, acc_t><<<blocks_for(B * H), kThreads, 0, s>>>(args, dh, dc, dg, B, H, i);
+          backward_step_kernel<Cell, scalar_t, acc_t><<<blocks_for(B * H), kThreads, 0, s>>>(args, dh, dc, dg, B, H, i);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
-          // dh (H x B, column-major) += W (H x 3H) dg (3H x B)
-          gemm<scalar_t, acc_t>(handle, CUBLAS_OP_N, H, B, 3 * H, w, H, dg, 3 * H, acc_t(1), dh, H, tf32);
+          // dh (H x B, column-major) += W (H x G H) dg (G H x B)
+          gemm<scalar_t, acc_t>(handle, CUBLAS_OP_N, H, B, G * H, w, H, dg, G * H, acc_t(1), dh, H, tf32);
         }
         if (advance_t) {
           advance<scalar_t><<<1, 1, 0, s>>>(args, -steps);
@@ -416,11 +429,18 @@ void stepped_backward(const at::Tensor& grad_output, const at::Tensor& grad_h_n,
       } else {
         issue(stream, static_cast<int>(T), false);
       }
-      grad_h0.copy_(dh_t);
-      grad_c0.copy_(dc_t);
+      g.grad_h0.copy_(dh_t);
+      if (Cell::kHasCell) g.grad_c0.copy_(dc_t);
     });
   });
 }
+
+template void stepped_forward<LLTMCell>(const ForwardTensors&);
+template void stepped_forward<LSTMCell>(const ForwardTensors&);
+template void stepped_forward<GRUCell>(const ForwardTensors&);
+template void stepped_backward<LLTMCell>(const BackwardTensors&);
+template void stepped_backward<LSTMCell>(const BackwardTensors&);
+template void stepped_backward<GRUCell>(const BackwardTensors&);
 
 }  // namespace cuda
 }  // namespace lltm

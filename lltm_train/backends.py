@@ -1,8 +1,10 @@
-"""Which implementation of the LLTM ops runs: ``python``, ``cpp``, ``cuda``, or ``auto``.
+"""Which implementation of a cell runs: ``python``, ``cpp``, ``cuda``, ``torch``, or ``auto``.
 
 - ``python``: the reference, composed of PyTorch ops (any device and dtype; autograd does the backward).
-- ``cpp``: the compiled extension's CPU kernels, for CPU tensors.
+- ``cpp``: the compiled extension's fused CPU kernels, for CPU tensors.
 - ``cuda``: the compiled extension's CUDA kernels, for CUDA tensors.
+- ``torch``: PyTorch's own LSTM and GRU (``torch.nn.LSTM``/``GRU``: cuDNN on a GPU, oneDNN on a CPU), the
+  baseline the fused cells are compared with; the LSTM and GRU only.
 - ``auto``: the extension for the tensors' device when it is usable, else ``python``; the choice is
   logged once per device type (logger ``lltm_train``).
 """
@@ -17,7 +19,7 @@ from . import ops
 
 log = logging.getLogger("lltm_train")
 
-BACKENDS = ("auto", "python", "cpp", "cuda")
+BACKENDS = ("auto", "python", "cpp", "cuda", "torch")
 _DEVICE_BACKEND = {"cpu": "cpp", "cuda": "cuda"}  # the compiled backend of each device type
 _announced: set[str] = set()
 _available: list[str] = []
@@ -54,37 +56,42 @@ def _why_unavailable(name: str) -> str:
     return "no CUDA device is visible (torch.cuda.is_available() is False)"
 
 
-def check_backend_name(backend: str) -> None:
-    """Raises ValueError unless ``backend`` is one of :data:`BACKENDS`."""
+def check_backend_name(backend: str, cell: str = "lltm") -> None:
+    """Raises ValueError unless ``backend`` is one of :data:`BACKENDS` and exists for ``cell``."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown LLTM backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "torch" and cell == "lltm":
+        raise ValueError("backend 'torch' is torch.nn's LSTM and GRU; PyTorch has no LLTM: choose auto, python, cpp "
+                         "or cuda for the lltm cell")
 
 
 @torch.compiler.assume_constant_result
-def resolve_backend(backend: str, device_type: str) -> str:
-    """The concrete backend (``python``, ``cpp`` or ``cuda``) that runs ``backend`` on ``device_type``.
+def resolve_backend(backend: str, device_type: str, cell: str = "lltm") -> str:
+    """The concrete backend (``python``, ``cpp``, ``cuda`` or ``torch``) that runs ``backend`` on
+    ``device_type`` for ``cell``.
 
     Raises:
-        ValueError: unknown backend name, or a backend asked for tensors of the wrong device.
+        ValueError: unknown backend name, ``torch`` for the LLTM, or a backend asked for tensors of the
+            wrong device.
         RuntimeError: the backend asked for is not built or not usable here (the message says how to fix it).
     """
-    check_backend_name(backend)
-    if backend == "python":
-        return "python"
+    check_backend_name(backend, cell)
+    if backend in ("python", "torch"):
+        return backend
     if backend == "auto":
         wanted = _DEVICE_BACKEND.get(device_type)
         chosen = wanted if wanted in available_backends() else "python"
         if device_type not in _announced:
             _announced.add(device_type)
             reason = "" if chosen == wanted else f" ({_why_unavailable(wanted) if wanted else 'no kernels for this device'})"
-            log.info("LLTM backend 'auto' runs '%s' for %s tensors%s", chosen, device_type, reason)
+            log.info("backend 'auto' runs '%s' for %s tensors%s", chosen, device_type, reason)
         return chosen
     if _DEVICE_BACKEND.get(device_type) != backend:
         fix = "backend='cuda'" if device_type == "cuda" else "backend='cpp'" if device_type == "cpu" else "backend='python'"
         raise ValueError(
-            f"LLTM backend {backend!r} runs on {'CPU' if backend == 'cpp' else 'CUDA'} tensors, but the "
+            f"backend {backend!r} runs on {'CPU' if backend == 'cpp' else 'CUDA'} tensors, but the "
             f"tensors are on {device_type}; use {fix} or backend='auto', or move the tensors"
         )
     if backend not in (_available or available_backends()):
-        raise RuntimeError(f"LLTM backend {backend!r} is not available: {_why_unavailable(backend)}")
+        raise RuntimeError(f"backend {backend!r} is not available: {_why_unavailable(backend)}")
     return backend

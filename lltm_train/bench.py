@@ -1,10 +1,11 @@
 """``lltm-bench``: the speed and memory figures of BENCHMARKS.md, each measured beside what a user would pick instead.
 
-Layers (default): forward + backward of one layer over a whole sequence (tokens = T x B) for
-``torch.nn.LSTM`` (cuDNN on a GPU, oneDNN/ATen on a CPU; 4 gates to the LLTM's 3), the python backend
-(input projection hoisted, time loop in Python) and the compiled backend (``cpp`` or ``cuda``); the seed
-cell (one step) against ``torch.nn.LSTMCell``; peak memory on a GPU. Before timing a configuration it
-checks the compiled backend against the python one on the same inputs and stops if they differ.
+Layers (default): forward + backward of one layer over a whole sequence (tokens = T x B), for each cell
+(``--cells``, default lltm, lstm and gru): PyTorch's own layer (``torch.nn.LSTM`` for the LLTM and the
+LSTM, ``torch.nn.GRU`` for the GRU: cuDNN on a GPU, oneDNN/ATen on a CPU), the python backend (input
+projection hoisted, time loop in Python) and the fused backend (``cpp`` or ``cuda``); the seed cell (one
+step) against ``torch.nn.LSTMCell``/``GRUCell``; peak memory on a GPU. Before timing a configuration it
+checks the fused backend against the python one on the same inputs and stops if they differ.
 
 Training (``--training``): the default job's model (CharLM, embedding 64, 1 x 256, T = 128, B = 64,
 AdamW, clipping) in a bare loop (a fixed batch, no framework) and through ``lltm-train`` (Lightning, the
@@ -14,8 +15,8 @@ of each and the ratios the targets name.
 GPU times come from CUDA events after warm-up, CPU times from ``time.perf_counter``; each figure is the
 median of ``--repeats`` timings, every contender measured in the same process on the same data.
 
-    lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell
-    lltm-bench --device cuda --dtype bfloat16 --json bench.json
+    lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell, every cell
+    lltm-bench --device cuda --dtype bfloat16 --cells lstm,gru --json bench.json
     lltm-bench --training --device cuda --steps 300
     lltm-bench --sweep T --plot plots/           # tokens/s and memory against T (or B, H): bench_sweep.py
 """
@@ -35,7 +36,8 @@ from pathlib import Path
 import torch
 
 from .backends import resolve_backend
-from .functional import lltm_cell, lltm_layer
+from .functional import rnn_cell, rnn_layer
+from .ops.cells import CELLS, LLTM, CellSpec
 
 CONFIGS = {  # name: (T, B, input_size, hidden_size)
     "seed-cell": (1, 16, 32, 128),
@@ -79,53 +81,75 @@ def measure(fn: Callable[[], None], device: torch.device, repeats: int, calls: i
     return statistics.median(timer(fn, calls) for _ in range(repeats))
 
 
-def _contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str):
+def baseline_label(cell: CellSpec) -> str:
+    """PyTorch's layer that a cell is compared with: nn.GRU for the GRU, nn.LSTM for the LSTM and the LLTM."""
+    return "nn.GRU" if cell.name == "gru" else "nn.LSTM"
+
+
+def _weights(cell: CellSpec, I: int, H: int, **kw) -> list[torch.Tensor]:
+    """weight_ih, weight_hh and the cell's biases, random, scaled as a trained layer's would be."""
+    G = cell.num_gates
+    return [torch.randn(G * H, I, **kw) * I**-0.5, torch.randn(G * H, H, **kw) * H**-0.5,
+            *(torch.randn(G * H, **kw) * 0.1 for _ in cell.biases)]
+
+
+def _contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str, cell: CellSpec = LLTM):
     """(label, fn) pairs: each fn runs forward + backward once on fresh random inputs made here."""
     kw = dict(device=device, dtype=dtype)
     x = torch.randn(T, B, I, **kw, requires_grad=True)
-    w_ih = (torch.randn(3 * H, I, **kw) * I**-0.5).requires_grad_()
-    w_hh = (torch.randn(3 * H, H, **kw) * H**-0.5).requires_grad_()
-    bias = (torch.randn(3 * H, **kw) * 0.1).requires_grad_()
+    weights = [w.requires_grad_() for w in _weights(cell, I, H, **kw)]
     grad = torch.randn(T, B, H, **kw)
-    cell = name == "seed-cell"
+    step = name == "seed-cell"
 
-    def lltm(be: str):
-        if cell:
+    def ours(be: str):
+        if step:
             def run():
-                h, c = lltm_cell(x[0], None, w_ih, w_hh, bias, backend=be)
-                torch.autograd.backward((h, c), (grad[0], grad[0]))
+                state = rnn_cell(cell, x[0], None, *weights, backend=be)
+                torch.autograd.backward(state, (grad[0],) * len(state))
         else:
             def run():
-                out, _ = lltm_layer(x, None, w_ih, w_hh, bias, backend=be)
+                out, _ = rnn_layer(cell, x, None, *weights, backend=be)
                 out.backward(grad)
         return run
 
-    lstm = (torch.nn.LSTMCell(I, H) if cell else torch.nn.LSTM(I, H)).to(**kw)
+    gru = cell.name == "gru"
+    module = ((torch.nn.GRUCell if gru else torch.nn.LSTMCell) if step else (torch.nn.GRU if gru else torch.nn.LSTM))
+    theirs = module(I, H).to(**kw)
 
-    def run_lstm():
-        if cell:
-            h, c = lstm(x[0])
-            torch.autograd.backward((h, c), (grad[0], grad[0]))
+    def run_theirs():
+        if step:
+            state = theirs(x[0])
+            state = state if isinstance(state, tuple) else (state,)
+            torch.autograd.backward(state, (grad[0],) * len(state))
         else:
-            out, _ = lstm(x)
+            out, _ = theirs(x)
             out.backward(grad)
 
-    return [("nn.LSTM", run_lstm), ("python", lltm("python")), (backend, lltm(backend))]
+    return [(baseline_label(cell), run_theirs), ("python", ours("python")), (backend, ours(backend))]
 
 
-def check_against_python(T, B, I, H, device, dtype, backend: str) -> float:
-    """Max relative difference of the backend's outputs and gradients from the python backend's."""
+def check_against_python(T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM) -> float:
+    """How far the backend's outputs and gradients are from the python backend's: the largest relative
+    difference (norm) in float32. In 16-bit dtypes both backends round differently, so each is measured
+    against a float64 run and the backend's error is returned relative to python's (<= 1 when it is no
+    worse)."""
     torch.manual_seed(0)
     kw = dict(device=device, dtype=dtype)
-    leaves = [torch.randn(T, B, I, **kw), torch.randn(3 * H, I, **kw) * I**-0.5, torch.randn(3 * H, H, **kw) * H**-0.5,
-              torch.randn(3 * H, **kw) * 0.1]
-    results = []
-    for be in ("python", backend):
-        ls = [t.clone().requires_grad_() for t in leaves]
-        out, (h_n, c_n) = lltm_layer(ls[0], None, ls[1], ls[2], ls[3], backend=be)
-        loss = out.float().square().mean() + c_n.float().mean()
-        results.append([t.detach() for t in (out, h_n, c_n, *torch.autograd.grad(loss, ls))])
-    return max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for b, a in zip(*results))
+    leaves = [torch.randn(T, B, I, **kw), *_weights(cell, I, H, **kw)]
+
+    def results(be, leaf_dtype):
+        ls = [t.to(leaf_dtype).requires_grad_() for t in leaves]
+        out, state = rnn_layer(cell, ls[0], None, *ls[1:], backend=be)
+        loss = out.float().square().mean() + state[-1].float().mean()
+        return [t.detach().double() for t in (out, *state, *torch.autograd.grad(loss, ls))]
+
+    def error(got, want):
+        return max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got, want))
+
+    if dtype == torch.float32:
+        return error(results(backend, dtype), results("python", dtype))
+    exact = results("python", torch.float64)
+    return error(results(backend, dtype), exact) / max(error(results("python", dtype), exact), 1e-30)
 
 
 def peak_memory_mib(fn: Callable[[], None], device) -> float:
@@ -139,44 +163,53 @@ def peak_memory_mib(fn: Callable[[], None], device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int) -> list[dict]:
+def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
+               cells: list[CellSpec]) -> list[dict]:
     backend = resolve_backend("auto", device.type)
     if backend == "python":
         raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
-        tol = 1e-3 if dtype == torch.float32 else 6e-2  # 16-bit: rounding of 8 or 11 bits accumulates over T
-        err = check_against_python(min(T, 64), B, I, H, device, dtype, backend)
-        if not err < tol:
-            raise SystemExit(f"lltm-bench: {backend} differs from python on {name}: relative error {err:.2e} > {tol}")
-        calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
-        row = {"config": name, "T": T, "B": B, "input_size": I, "hidden_size": H, "check_rel_err": err, "seconds": {},
-               "tokens_per_s": {}}
-        for label, fn in _contenders(name, T, B, I, H, device, dtype, backend):
-            sec = measure(fn, device, repeats, calls)
-            row["seconds"][label] = sec
-            row["tokens_per_s"][label] = T * B / sec
-            if device.type == "cuda":
-                row.setdefault("peak_mib", {})[label] = peak_memory_mib(fn, device)
-        tps = row["tokens_per_s"]
-        row["ratio_vs_lstm"] = tps[backend] / tps["nn.LSTM"]
-        row["ratio_vs_python"] = tps[backend] / tps["python"]
-        rows.append(row)
-        print(_format(row, backend), flush=True)
+        for cell in cells:
+            # float32: the relative difference from python; 16-bit: the error against float64, as a multiple of
+            # python's in the same dtype
+            tol = 1e-3 if dtype == torch.float32 else 1.5
+            err = check_against_python(min(T, 64), B, I, H, device, dtype, backend, cell)
+            if not err < tol:
+                what = "relative difference" if dtype == torch.float32 else "error against float64, times python's,"
+                raise SystemExit(f"lltm-bench: {backend} differs from python on {name} ({cell.name}): {what} "
+                                 f"{err:.2e} > {tol}")
+            calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
+            baseline = baseline_label(cell)
+            row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
+                   "baseline": baseline, "backend": backend, "check_rel_err": err, "seconds": {}, "tokens_per_s": {}}
+            for label, fn in _contenders(name, T, B, I, H, device, dtype, backend, cell):
+                sec = measure(fn, device, repeats, calls)
+                row["seconds"][label] = sec
+                row["tokens_per_s"][label] = T * B / sec
+                if device.type == "cuda":
+                    row.setdefault("peak_mib", {})[label] = peak_memory_mib(fn, device)
+            tps = row["tokens_per_s"]
+            row["ratio_vs_torch"] = tps[backend] / tps[baseline]
+            row["ratio_vs_python"] = tps[backend] / tps["python"]
+            rows.append(row)
+            print(_format(row), flush=True)
     return rows
 
 
-def _format(row: dict, backend: str) -> str:
+def _format(row: dict) -> str:
+    backend, baseline = row["backend"], row["baseline"]
     if row["config"] == "seed-cell":
         times = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in row["seconds"].items())
     else:
         times = ", ".join(f"{k} {v / 1e6:.3f} M tok/s" for k, v in row["tokens_per_s"].items())
     mem = ""
     if "peak_mib" in row:
-        mem = f"; peak MiB {row['peak_mib'][backend]:.0f} vs LSTM {row['peak_mib']['nn.LSTM']:.0f}"
-    return (f"{row['config']:>9} (T={row['T']}, B={row['B']}, I={row['input_size']}, H={row['hidden_size']}): {times}; "
-            f"{backend}/LSTM {row['ratio_vs_lstm']:.2f}x, {backend}/python {row['ratio_vs_python']:.2f}x{mem}")
+        mem = f"; peak MiB {row['peak_mib'][backend]:.0f} vs {baseline} {row['peak_mib'][baseline]:.0f}"
+    return (f"{row['config']:>9} {row['cell']:>4} (T={row['T']}, B={row['B']}, I={row['input_size']}, "
+            f"H={row['hidden_size']}): {times}; {backend}/{baseline} {row['ratio_vs_torch']:.2f}x, "
+            f"{backend}/python {row['ratio_vs_python']:.2f}x{mem}")
 
 
 def bare_loop_tokens_per_s(cell: str, device: torch.device, steps: int, vocab: int = 84) -> float:
@@ -255,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)} (default: by device)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to time (default: all)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
@@ -271,6 +305,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
+    cells = args.cells.split(",")
+    unknown = [c for c in cells if c not in CELLS]
+    if unknown or not cells:
+        parser.error(f"--cells: unknown cell {unknown[0] if unknown else ''!r}; choose from {', '.join(CELLS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
     if (args.values is not None or args.plot) and not args.sweep:
@@ -320,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.training:
         results = run_training(device, args.steps)
     else:
-        results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats)
+        results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "command": " ".join(["lltm-bench", *sys.argv[1:]]), "results": results}, f, indent=1)

@@ -68,21 +68,24 @@ def _config_subdir(ckpt_path: str | None) -> str:
     return ".hydra" if ckpt_path is None else f".hydra/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
-def _available_backends() -> str:
-    """The LLTM backends this machine runs, comma-separated (a sweep over them: experiment=compare_backends)."""
+def _cell_backends() -> str:
+    """Every cell on every backend this machine runs, as the options of conf/cell_backend/, comma-separated
+    (experiment=compare_backends sweeps them): e.g. lltm_python,lltm_cpp,lstm_python,...,gru_torch."""
     from .backends import available_backends
+    from .ops.cells import CELLS
 
-    return ",".join(available_backends())
+    backends = [*available_backends(), "torch"]
+    return ",".join(f"{c}_{b}" for c in CELLS for b in backends if (c, b) != ("lltm", "torch"))
 
 
 def _accelerator_for(backend: str) -> str:
-    """Where a backend runs: cpp on the CPU, cuda on the GPU, python and auto wherever Lightning picks."""
+    """Where a backend runs: cpp on the CPU, cuda on the GPU, python, torch and auto wherever Lightning picks."""
     return {"cpp": "cpu", "cuda": "gpu"}.get(str(backend), "auto")
 
 
 OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
 OmegaConf.register_new_resolver("lltm_accelerator", _accelerator_for, replace=True)
-OmegaConf.register_new_resolver("lltm_backends", _available_backends, replace=True)
+OmegaConf.register_new_resolver("lltm_cell_backends", _cell_backends, replace=True)
 OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
 OmegaConf.register_new_resolver(  # hparams_search: maximise accuracies, minimise the rest
     "lltm_direction", lambda metric: "maximize" if higher_is_better(str(metric)) else "minimize", replace=True)

@@ -26,7 +26,7 @@ def generate_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (> 0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest characters only")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", default="auto", help="auto, python, cpp or cuda")
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (lstm and gru models)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
     try:
@@ -52,7 +52,7 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-evaluate", description=evaluate_main.__doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("--split", choices=("test", "val"), default="test")
-    parser.add_argument("--backend", default="auto", help="auto, python, cpp or cuda")
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (lstm and gru models)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--config", default=None, help="the run's config (default: <run>/.hydra/config.yaml)")
     a = parser.parse_args(argv)

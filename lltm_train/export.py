@@ -10,10 +10,11 @@ Formats (``--format``):
 - ``aoti``: an AOTInductor package (``torch._inductor.aoti_load_package``), compiled for the device at
   hand, T and B dynamic as for ``exported``.
 
-Every format has one interface: ``(tokens (T, B) int64, h0 (L, B, H), c0 (L, B, H)) -> (logits (T, B, V),
-h_n, c_n)``, float32, zeros for a fresh state. The vocabulary goes beside the file as ``<OUT>.vocab.json``
-(a list of characters in token-id order). After writing, the file is loaded in a fresh Python process and
-its outputs are compared with the checkpoint's eager model on the same input.
+Every format has one interface, by the state of the model's cell: ``(tokens (T, B) int64, h0 (L, B, H),
+c0 (L, B, H)) -> (logits (T, B, V), h_n, c_n)`` for the LLTM and the LSTM, ``(tokens, h0) -> (logits,
+h_n)`` for the GRU; float32, zeros for a fresh state. The vocabulary goes beside the file as
+``<OUT>.vocab.json`` (a list of characters in token-id order). After writing, the file is loaded in a fresh
+Python process and its outputs are compared with the checkpoint's eager model on the same input.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .nn import GRU
+
 FORMATS = ("torchscript", "exported", "aoti")
 MAX_DIM = 100_000
 
 
 class TokenModel(nn.Module):
-    """A :class:`~lltm_train.models.CharLM` with its state as two plain tensors (h, c): what the exported
-    files take and return. Only cells with an (h, c) state: lltm and lstm."""
+    """A :class:`~lltm_train.models.CharLM` whose cell has an (h, c) state (LLTM, LSTM), with that state as two
+    plain tensors: what the exported files take and return."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -46,17 +49,38 @@ class TokenModel(nn.Module):
         return logits, h, c
 
 
-def example_inputs(model: TokenModel, T: int = 5, B: int = 3, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """Random tokens and a random state for ``model``, on its device."""
+class TokenModelH(nn.Module):
+    """As :class:`TokenModel`, for a cell whose state is h alone (GRU)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+        logits, h = self.net(tokens, h0)
+        return logits, h
+
+
+def token_model(net: nn.Module) -> nn.Module:
+    """The exported interface of a character model: :class:`TokenModel` or, for a GRU, :class:`TokenModelH`."""
+    return TokenModelH(net) if isinstance(net.rnn, (nn.GRU, GRU)) else TokenModel(net)
+
+
+def num_states(model: nn.Module) -> int:
+    return 1 if isinstance(model, TokenModelH) else 2
+
+
+def example_inputs(model: nn.Module, T: int = 5, B: int = 3, seed: int = 0) -> tuple[Tensor, ...]:
+    """Random tokens and a random state for ``model`` (a :func:`token_model`), on its device."""
     net = model.net
     g = torch.Generator().manual_seed(seed)
     L, H, V = net.rnn.num_layers, net.rnn.hidden_size, net.embedding.num_embeddings
     device = net.head.weight.device
-    return (torch.randint(0, V, (T, B), generator=g).to(device), torch.randn(L, B, H, generator=g).to(device),
-            torch.randn(L, B, H, generator=g).to(device))
+    state = [torch.randn(L, B, H, generator=g).to(device) for _ in range(num_states(model))]
+    return (torch.randint(0, V, (T, B), generator=g).to(device), *state)
 
 
-def export(model: TokenModel, fmt: str, out: Path, vocab: list[str] | None) -> Path:
+def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Path:
     """Writes ``model`` to ``out`` in format ``fmt`` (and ``<out>.vocab.json``); returns ``out``."""
     model = model.eval()
     args = example_inputs(model)
@@ -70,11 +94,12 @@ def export(model: TokenModel, fmt: str, out: Path, vocab: list[str] | None) -> P
                 traced = torch.jit.trace(model, args, check_trace=False)
             rnn = model.net.rnn
             extra = {"vocab.json": json.dumps(vocab or [], ensure_ascii=False),  # read by examples/cpp
-                     "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size})}
+                     "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size,
+                                                "states": num_states(model)})}
             torch.jit.save(traced, str(out), _extra_files=extra)
             return out
         T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
-        program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, {1: B}, {1: B}))
+        program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
         if fmt == "exported":
             torch.export.save(program, str(out))
         else:
@@ -98,7 +123,7 @@ with torch.no_grad():
 """
 
 
-def check_in_fresh_process(model: TokenModel, fmt: str, path: Path, T: int = 7, B: int = 2) -> float:
+def check_in_fresh_process(model: nn.Module, fmt: str, path: Path, T: int = 7, B: int = 2) -> float:
     """Runs the written file in a new Python process on inputs of another shape than the traced ones and
     returns the largest absolute difference from ``model``'s outputs. RuntimeError if that process fails."""
     args = example_inputs(model, T, B, seed=1)
@@ -123,16 +148,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a checkpoint of a text (or copy) model, e.g. outputs/.../checkpoints/last.ckpt")
     parser.add_argument("out", help="the file to write")
     parser.add_argument("--format", choices=FORMATS, default="torchscript")
-    parser.add_argument("--backend", default="auto", help="the LLTM backend the file runs: auto, python, cpp or cuda")
+    parser.add_argument("--backend", default="auto", help="the backend the file runs: auto, python, cpp, cuda (or torch "
+                        "for an lstm or gru model)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
     try:
         if a.format == "aoti" and not a.out.endswith(".pt2"):
             raise ValueError(f"an AOTInductor package is a .pt2 file: name it so ({a.out}.pt2)")
         task, ckpt = load_task(a.checkpoint, a.backend, a.device)
-        if not hasattr(task.net, "embedding") or task.hparams.get("cell") not in ("lltm", "lstm"):
-            raise ConfigError("lltm-export takes token models (text, copy) with an lltm or lstm cell")
-        model = TokenModel(task.net)
+        if not hasattr(task.net, "embedding"):
+            raise ConfigError("lltm-export takes token models (the text data sets, copy)")
+        model = token_model(task.net)
         out = export(model, a.format, Path(a.out), vocabulary(ckpt))
         error = check_in_fresh_process(model, a.format, out)
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as exc:

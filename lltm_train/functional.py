@@ -1,12 +1,15 @@
-"""Functional LLTM: a whole sequence (:func:`lltm_layer`) and one step (:func:`lltm_cell`, a layer with T = 1).
+"""Functional cells: a whole sequence (:func:`lltm_layer`, :func:`lstm_layer`, :func:`gru_layer`) and one step
+(:func:`lltm_cell`, :func:`lstm_cell`, :func:`gru_cell`: a layer with T = 1), for each cell of
+:mod:`lltm_train.ops.cells`.
 
 This module is the authority on the arguments of the Python API: TypeError or ValueError with the
 argument's name. For the compiled backends the op's own C++ checks run first, and the Python ones only
 when the op refuses its arguments, so a valid call pays for one set of checks.
 
-Parameters follow ``torch.nn.LSTM``'s layout with three gates instead of four: ``weight_ih`` (3H, I),
-``weight_hh`` (3H, H), ``bias`` (3H), gate order (input, output, candidate). The tutorial's single weight
-(3H, H + I) over ``cat([h, x])`` equals ``cat([weight_hh, weight_ih], 1)``.
+Parameters follow ``torch.nn``'s layout: ``weight_ih`` (G * H, I), ``weight_hh`` (G * H, H), with G gates
+in the order of ``CellSpec.gates``; the LSTM and GRU take ``bias_ih`` and ``bias_hh`` (G * H each) as
+``torch.nn.LSTM``/``GRU`` do, the LLTM one ``bias`` (3H; gate order input, output, candidate; the
+tutorial's single weight (3H, H + I) over ``cat([h, x])`` equals ``cat([weight_hh, weight_ih], 1)``).
 See :mod:`lltm_train.ops.reference` for the formulas and :mod:`lltm_train.backends` for ``backend``.
 
 Under ``torch.autocast`` every floating tensor is cast to the autocast dtype of the input's device, so
@@ -18,11 +21,13 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .backends import resolve_backend
 from .ops import reference
+from .ops.cells import GRU, LLTM, LSTM, CellSpec
 
-__all__ = ["lltm_cell", "lltm_layer"]
+__all__ = ["gru_cell", "gru_layer", "lltm_cell", "lltm_layer", "lstm_cell", "lstm_layer", "rnn_cell", "rnn_layer"]
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -36,27 +41,36 @@ def _autocast(device_type: str, tensors: tuple) -> tuple:
     return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)
 
 
-def _state_or_zeros(op: str, hx, input, weight_hh, batch_dim: int) -> tuple[Tensor, Tensor]:
-    """(h_0, c_0) from ``hx``, or zeros of the right shape when it is None."""
+def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, batch_dim: int) -> tuple[Tensor, ...]:
+    """The initial state (h_0, c_0) or (h_0,) from ``hx`` (a tuple of them), or zeros when it is None."""
     for name, t in (("input", input), ("weight_hh", weight_hh)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if hx is None:
         if weight_hh.dim() != 2:
-            raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
+            raise ValueError(f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size), got "
+                             f"{tuple(weight_hh.shape)}")
         if input.dim() <= batch_dim:
             raise ValueError(f"{op}: expected input with a batch dimension at {batch_dim}, got {tuple(input.shape)}")
         zeros = input.new_zeros(input.shape[batch_dim], weight_hh.shape[-1])
-        return zeros, zeros
-    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-        raise TypeError(f"{op}: hx must be a tuple (h, c) of two tensors or None, got {type(hx).__name__}")
-    return hx[0], hx[1]
+        return (zeros,) * len(spec.states)
+    if not isinstance(hx, (tuple, list)) or len(hx) != len(spec.states):
+        want = "a tuple (h, c) of two tensors" if spec.has_cell_state else "a tensor h"
+        raise TypeError(f"{op}: hx must be {want} or None, got {type(hx).__name__}")
+    return tuple(hx)
 
 
-def _check(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias) -> None:
-    named = {"input": input, "h": h, "c": c, "weight_ih": weight_ih, "weight_hh": weight_hh, "bias": bias}
+def _gru_hx(op: str, hx) -> tuple | None:
+    if hx is not None and not isinstance(hx, Tensor):
+        raise TypeError(f"{op}: hx must be a tensor h or None, got {type(hx).__name__}")
+    return None if hx is None else (hx,)
+
+
+def _check(op: str, spec: CellSpec, layout: str, input, states, weight_ih, weight_hh, biases) -> None:
+    named = {"input": input, **dict(zip(spec.states, states)), "weight_ih": weight_ih, "weight_hh": weight_hh,
+             **dict(zip(spec.biases, biases))}
     for name, t in named.items():
-        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+        if not isinstance(t, Tensor) and not (name in spec.biases and t is None):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if input.dtype not in _DTYPES:
         raise TypeError(f"{op}: expected a floating-point input (float16, bfloat16, float32, float64), got {input.dtype}")
@@ -69,12 +83,14 @@ def _check(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias) -> Non
             raise ValueError(f"{op}: {name} is on {t.device} but input is on {input.device}; all tensors must be on one device")
     if input.dim() != 3:
         raise ValueError(f"{op}: expected input of shape {layout}, got {tuple(input.shape)}")
-    if weight_hh.dim() != 2 or weight_hh.shape[0] != 3 * weight_hh.shape[1]:
-        raise ValueError(f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
+    G = spec.num_gates
+    if weight_hh.dim() != 2 or weight_hh.shape[0] != G * weight_hh.shape[1]:
+        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, hidden_size), got {tuple(weight_hh.shape)}")
     if input.shape[0] == 0:
         raise ValueError(f"{op}: expected a sequence of length T >= 1, got input of shape {tuple(input.shape)}")
     H, I, B = weight_hh.shape[1], input.shape[-1], input.shape[1]
-    for name, shape in (("weight_ih", (3 * H, I)), ("h", (B, H)), ("c", (B, H)), ("bias", (3 * H,))):
+    shapes = {"weight_ih": (G * H, I), **{s: (B, H) for s in spec.states}, **{b: (G * H,) for b in spec.biases}}
+    for name, shape in shapes.items():
         if named[name] is not None and named[name].shape != shape:
             raise ValueError(f"{op}: expected {name} of shape {shape} for input {tuple(input.shape)} and hidden_size "
                              f"{H}, got {tuple(named[name].shape)}")
@@ -90,9 +106,9 @@ def _check_lengths(op: str, lengths, T: int, B: int) -> None:
         raise ValueError(f"{op}: every length must be in [0, T = {T}], got {lengths.min()} to {lengths.max()}")
 
 
-def _uses_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> bool:
-    """True when ``backend`` means a compiled op for these tensors (False: the python reference)."""
-    if resolve_backend(backend, device_type) == "python":
+def _uses_compiled(op: str, backend: str, tensors: tuple) -> bool:
+    """True when ``backend`` (resolved) means a compiled op for these tensors."""
+    if backend not in ("cpp", "cuda"):
         return False
     # The compiled ops have no forward-mode derivative. Tangents exist only inside a dual level
     # (torch.func.jvp, torch.autograd.forward_ad), so the common case costs one comparison.
@@ -103,50 +119,100 @@ def _uses_compiled(op: str, backend: str, device_type: str, tensors: tuple) -> b
     return True
 
 
-def _layer(op: str, layout: str, input, h, c, weight_ih, weight_hh, bias, lengths, backend):
-    tensors = _autocast(input.device.type, (input, h, c, weight_ih, weight_hh, bias))
+def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor, weight_hh: Tensor, biases: tuple,
+                 lengths: Tensor | None) -> tuple[Tensor, tuple]:
+    """One layer through PyTorch's own LSTM or GRU (cuDNN, oneDNN): the ``torch`` backend."""
+    b_ih, b_hh = biases
+    has_biases = b_ih is not None or b_hh is not None
+    params = [weight_ih, weight_hh]
+    if has_biases:  # torch's kernels take both biases or none
+        params += [b if b is not None else weight_hh.new_zeros(weight_hh.shape[0]) for b in (b_ih, b_hh)]
+    run = torch.lstm if spec.name == "lstm" else torch.gru
+    hx = tuple(s.unsqueeze(0) for s in states)
+    hx = hx if spec.has_cell_state else hx[0]
+    train = torch.is_grad_enabled()  # no dropout either way; cuDNN's backward needs the training mode
+    if lengths is None:
+        output, *state = run(input, hx, params, has_biases, 1, 0.0, train, False, False)
+    else:  # packed: every row stops at its own length (a length of 0 keeps the initial state)
+        packed = pack_padded_sequence(input, lengths.clamp_min(1), enforce_sorted=False)
+        order, back = packed.sorted_indices, packed.unsorted_indices
+        hx = tuple(h.index_select(1, order.to(h.device)) for h in hx) if spec.has_cell_state else hx.index_select(1, order.to(hx.device))
+        data, *state = run(packed.data, packed.batch_sizes, hx, params, has_biases, 1, 0.0, train, False)
+        state = [s.index_select(1, back.to(s.device)) for s in state]
+        output, _ = pad_packed_sequence(type(packed)(data, packed.batch_sizes, order, back), total_length=input.shape[0])
+        empty = (lengths == 0).to(input.device)
+        if bool(empty.any()):
+            output = output.masked_fill(empty[None, :, None], 0)
+            state = [torch.where(empty[None, :, None], s0.unsqueeze(0), s) for s, s0 in zip(state, states)]
+    return output, tuple(s.squeeze(0) for s in state)
+
+
+def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend):
+    tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
+    input, states, (weight_ih, weight_hh), biases = tensors[0], tensors[1:1 + len(states)], \
+        tensors[1 + len(states):3 + len(states)], tensors[3 + len(states):]
     if lengths is not None:
         _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
-    if _uses_compiled(op, backend, input.device.type, tensors):
+    chosen = resolve_backend(backend, input.device.type, spec.name)
+    if _uses_compiled(op, chosen, tensors):
         # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
-            output, h_n, c_n, _, _ = torch.ops.lltm.layer_forward(*tensors, lengths)
+            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths)
         except (RuntimeError, TypeError):
-            _check(op, layout, *tensors)
+            _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
             raise
-        return output, h_n, c_n
-    _check(op, layout, *tensors)
-    return reference.layer_forward(*tensors, lengths)
+        return result[0], tuple(result[1:1 + len(states)])
+    _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
+    if chosen == "torch":
+        return _torch_layer(spec, input, states, weight_ih, weight_hh, biases, lengths)
+    return reference.layer_forward(spec.step, spec.split, input, states, weight_ih, weight_hh, *biases,
+                                   lengths=lengths)
 
 
-def lltm_layer(
-    input: Tensor,
-    hx: tuple[Tensor, Tensor] | None,
-    weight_ih: Tensor,
-    weight_hh: Tensor,
-    bias: Tensor | None = None,
-    *,
-    lengths: Tensor | None = None,
-    backend: str = "auto",
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One LLTM layer, one direction, over a whole sequence (the time loop runs inside the backend).
+def rnn_layer(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor, weight_hh: Tensor,
+              *biases: Tensor | None, lengths: Tensor | None = None,
+              backend: str = "auto") -> tuple[Tensor, tuple[Tensor, ...]]:
+    """One layer of any cell over a sequence, its state as a tuple: ``hx`` and the result's state are
+    ``(h, c)`` or ``(h,)``, and ``biases`` the cell's (``CellSpec.biases``). :func:`lltm_layer`,
+    :func:`lstm_layer` and :func:`gru_layer` are this with their cell's conventions, and document it."""
+    name = f"{cell.name}_layer"
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, 1)
+    if len(biases) != len(cell.biases):
+        raise TypeError(f"{name}: takes {len(cell.biases)} bias argument(s) ({', '.join(cell.biases)}), got {len(biases)}")
+    return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend)
 
+
+def rnn_cell(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor, weight_hh: Tensor,
+             *biases: Tensor | None, backend: str = "auto") -> tuple[Tensor, ...]:
+    """One step of any cell (input (B, input_size)), its state as a tuple as in :func:`rnn_layer`."""
+    name = f"{cell.name}_cell"
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, 0)
+    if len(biases) != len(cell.biases):
+        raise TypeError(f"{name}: takes {len(cell.biases)} bias argument(s) ({', '.join(cell.biases)}), got {len(biases)}")
+    if not isinstance(input, Tensor) or input.dim() != 2:
+        got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise ValueError(f"{name}: expected input of shape (B, input_size), got {got}")
+    _, state = _layer(cell, name, "(B, input_size)", input.unsqueeze(0), states, weight_ih, weight_hh, biases, None,
+                      backend)
+    return state
+
+
+_LAYER_DOC = """
     Args:
         input: (T, B, input_size), time-major, T >= 1; B may be 0 (empty outputs). Floating point
             (float16, bfloat16, float32, float64).
-        hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
-        weight_ih: (3 * hidden_size, input_size). weight_hh: (3 * hidden_size, hidden_size).
-        bias: (3 * hidden_size,) or None.
+        hx: {hx}, each (B, hidden_size), or None for zeros.
+        weight_ih: ({G} * hidden_size, input_size). weight_hh: ({G} * hidden_size, hidden_size).
+        {bias}
         lengths: None, or (B,) int64 on the CPU with values in [0, T]: row b runs lengths[b] steps, then
-            keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths). The
-            padding itself must be finite (zeros, as ``pad_packed_sequence`` gives): it does not change the
-            outputs, but 0 x NaN is NaN in the weight gradients.
-        backend: ``"auto"``, ``"python"``, ``"cpp"`` or ``"cuda"`` (see :mod:`lltm_train.backends`).
+            keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths). What
+            the padding holds never reaches an output or a gradient.
+        backend: {backends} (see :mod:`lltm_train.backends`).
 
     Returns:
-        ``(output, (h_n, c_n))``: output (T, B, hidden_size) holds h_1..h_T; h_n and c_n (B, hidden_size)
-        hold each row's state after its last step. Dtype and device of ``input``.
+        {returns} output (T, B, hidden_size) holds h_1..h_T; the final state (B, hidden_size) holds each
+        row's state after its last step. Dtype and device of ``input``.
 
     Raises:
         TypeError: a non-tensor argument, an integer input, or mixed dtypes.
@@ -155,21 +221,48 @@ def lltm_layer(
         RuntimeError: the backend asked for is not built or usable here.
         NotImplementedError: forward-mode AD or a second derivative with the cpp or cuda backend.
     """
-    h, c = _state_or_zeros("lltm_layer", hx, input, weight_hh, 1)
-    output, h_n, c_n = _layer("lltm_layer", "(T, B, input_size)", input, h, c, weight_ih, weight_hh, bias, lengths,
-                              backend)
+
+
+def lltm_layer(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
+               bias: Tensor | None = None, *, lengths: Tensor | None = None,
+               backend: str = "auto") -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    output, (h_n, c_n) = rnn_layer(LLTM, input, hx, weight_ih, weight_hh, bias, lengths=lengths, backend=backend)
     return output, (h_n, c_n)
 
 
-def lltm_cell(
-    input: Tensor,
-    hx: tuple[Tensor, Tensor] | None,
-    weight_ih: Tensor,
-    weight_hh: Tensor,
-    bias: Tensor | None = None,
-    *,
-    backend: str = "auto",
-) -> tuple[Tensor, Tensor]:
+def lstm_layer(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
+               bias_ih: Tensor | None = None, bias_hh: Tensor | None = None, *, lengths: Tensor | None = None,
+               backend: str = "auto") -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    output, (h_n, c_n) = rnn_layer(LSTM, input, hx, weight_ih, weight_hh, bias_ih, bias_hh, lengths=lengths,
+                                   backend=backend)
+    return output, (h_n, c_n)
+
+
+def gru_layer(input: Tensor, hx: Tensor | None, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None = None,
+              bias_hh: Tensor | None = None, *, lengths: Tensor | None = None,
+              backend: str = "auto") -> tuple[Tensor, Tensor]:
+    output, (h_n,) = rnn_layer(GRU, input, _gru_hx("gru_layer", hx), weight_ih, weight_hh, bias_ih, bias_hh,
+                               lengths=lengths, backend=backend)
+    return output, h_n
+
+
+_FUSED = '``"auto"``, ``"python"``, ``"cpp"`` or ``"cuda"``'
+_ALL = '``"auto"``, ``"python"``, ``"cpp"``, ``"cuda"`` or ``"torch"``'
+lltm_layer.__doc__ = "One LLTM layer, one direction, over a whole sequence (the time loop runs inside the backend).\n" + \
+    _LAYER_DOC.format(hx="``(h_0, c_0)``", G=3, bias="bias: (3 * hidden_size,) or None.", backends=_FUSED,
+                      returns="``(output, (h_n, c_n))``:")
+lstm_layer.__doc__ = "One LSTM layer (``torch.nn.LSTM``'s math), one direction, over a whole sequence.\n" + \
+    _LAYER_DOC.format(hx="``(h_0, c_0)``", G=4, bias="bias_ih, bias_hh: (4 * hidden_size,) each, or None.",
+                      backends=_ALL,
+                      returns="``(output, (h_n, c_n))``:")
+gru_layer.__doc__ = "One GRU layer (``torch.nn.GRU``'s math), one direction, over a whole sequence.\n" + \
+    _LAYER_DOC.format(hx="``h_0``", G=3, bias="bias_ih, bias_hh: (3 * hidden_size,) each, or None.",
+                      backends=_ALL,
+                      returns="``(output, h_n)``:")
+
+
+def lltm_cell(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
+              bias: Tensor | None = None, *, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """One LLTM step: :func:`lltm_layer` over a sequence of length 1.
 
     Args:
@@ -182,10 +275,27 @@ def lltm_cell(
     Raises:
         As :func:`lltm_layer`.
     """
-    h, c = _state_or_zeros("lltm_cell", hx, input, weight_hh, 0)
-    if not isinstance(input, Tensor) or input.dim() != 2:
-        got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
-        raise ValueError(f"lltm_cell: expected input of shape (B, input_size), got {got}")
-    _, h_1, c_1 = _layer("lltm_cell", "(B, input_size)", input.unsqueeze(0), h, c, weight_ih, weight_hh, bias, None,
-                         backend)
+    h_1, c_1 = rnn_cell(LLTM, input, hx, weight_ih, weight_hh, bias, backend=backend)
     return h_1, c_1
+
+
+def lstm_cell(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
+              bias_ih: Tensor | None = None, bias_hh: Tensor | None = None, *,
+              backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """One LSTM step (``torch.nn.LSTMCell``'s math): :func:`lstm_layer` over a sequence of length 1.
+
+    Returns ``(h_1, c_1)``, each (B, hidden_size). Arguments and errors as :func:`lltm_cell`'s, with the
+    biases of :func:`lstm_layer`.
+    """
+    h_1, c_1 = rnn_cell(LSTM, input, hx, weight_ih, weight_hh, bias_ih, bias_hh, backend=backend)
+    return h_1, c_1
+
+
+def gru_cell(input: Tensor, hx: Tensor | None, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None = None,
+             bias_hh: Tensor | None = None, *, backend: str = "auto") -> Tensor:
+    """One GRU step (``torch.nn.GRUCell``'s math): :func:`gru_layer` over a sequence of length 1.
+
+    Returns h_1 (B, hidden_size). hx: h_0 (B, hidden_size) or None. Errors as :func:`lltm_cell`'s.
+    """
+    (h_1,) = rnn_cell(GRU, input, _gru_hx("gru_cell", hx), weight_ih, weight_hh, bias_ih, bias_hh, backend=backend)
+    return h_1

@@ -30,8 +30,8 @@ def _task_class(ckpt: dict, path: Path) -> type[LLTMTask]:
 
 
 def load_task(path: str | Path, backend: str = "auto", device: str | torch.device = "cpu") -> tuple[LLTMTask, dict]:
-    """The task (LightningModule) saved in a checkpoint, in eval mode on ``device``, with its LLTM layers on
-    ``backend`` whatever the backend it was trained with (the parameters are the same for all three); a
+    """The task (LightningModule) saved in a checkpoint, in eval mode on ``device``, with its recurrent layers on
+    ``backend`` whatever the backend it was trained with (every backend of a cell has the same parameters); a
     checkpoint of a compiled model (``model.compile=true``) loads uncompiled. Also returns the checkpoint.
 
     Raises:

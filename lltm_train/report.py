@@ -77,7 +77,7 @@ def read_run(path: Path) -> Run:
     config = _yaml(path / ".hydra" / "config.yaml") or {}
     hparams = _yaml(path / "tensorboard" / "hparams.yaml") or {}
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
-    if run.backend == "none":  # an nn.LSTM / nn.GRU cell: no LLTM backend ran
+    if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
     run.cell = str((config.get("model") or {}).get("cell", ""))
     run.parameters = hparams.get("num_parameters")

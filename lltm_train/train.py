@@ -140,12 +140,11 @@ def _prepare(cfg: DictConfig):
     if cfg.backend == "cuda" and not torch.cuda.is_available():
         raise ConfigError("backend=cuda needs a CUDA device and none is visible (torch.cuda.is_available() is False); "
                           "use backend=auto or backend=cpp")
+    cell = cfg.model.get("cell", "lltm")
     try:
-        backend_used = resolve_backend(cfg.backend, trainer.strategy.root_device.type)
+        backend_used = resolve_backend(cfg.backend, trainer.strategy.root_device.type, cell)
     except ValueError as exc:
         raise ConfigError(f"backend={cfg.backend}: {exc} (set trainer.accelerator to match)") from None
-    if cfg.model.get("cell", "lltm") != "lltm":
-        backend_used = "none"  # a torch.nn baseline cell: no LLTM op runs
     return datamodule, task, trainer, backend_used, ckpt
 
 
@@ -191,7 +190,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         logger.log_hyperparams(params)
     for logger in tensorboards:  # the HPARAMS tab's row of this run, and the custom-scalars page
         describe_run(logger, params, tags, names)
-    backend = f"backend {backend_used}" if backend_used != "none" else f"torch.nn.{cfg.model.cell.upper()}"
+    backend = f"backend {backend_used}" if backend_used != "torch" else f"backend torch (torch.nn.{cfg.model.cell.upper()})"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))

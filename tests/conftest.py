@@ -1,4 +1,5 @@
-"""Shared fixtures: which devices and backends the op tests run on, and reproducible random inputs."""
+"""Shared fixtures and helpers: which devices, backends and cells the op tests run on, reproducible random
+inputs, and the arguments of one layer of any cell."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 import lltm_train
+from lltm_train.functional import rnn_cell, rnn_layer
+from lltm_train.ops.cells import CELLS, CellSpec
 
 CUDA_READY = torch.cuda.is_available() and "cuda" in lltm_train.available_backends()
 CUDA_SKIP_REASON = "needs a CUDA device and the extension's CUDA kernels (run on the GPU machine: scripts/test.sh -m cuda)"
@@ -54,3 +57,52 @@ def full_float32():
     torch.set_float32_matmul_precision("highest")
     yield
     torch.set_float32_matmul_precision(previous)
+
+
+@pytest.fixture(params=list(CELLS))
+def cell(request) -> CellSpec:
+    """Each cell of the op library (lltm, lstm, gru)."""
+    return CELLS[request.param]
+
+
+def layer_args(spec: CellSpec, T: int, B: int, I: int, H: int, device="cpu", dtype=torch.float64, bias=True,
+               requires_grad=True, scale=1.0) -> dict:
+    """Random arguments of one layer of ``spec``: ``input`` (T, B, I), ``states`` (a tuple of (B, H)),
+    ``weight_ih``, ``weight_hh`` (scaled by ``scale`` / sqrt(fan-in)) and ``biases`` (a tuple; None
+    entries without bias). Drawn in float64 and cast, so every dtype sees the same values."""
+    G = spec.num_gates
+
+    def rnd(*shape, s=1.0):
+        t = (torch.randn(*shape, dtype=torch.float64, device=device) * s).to(dtype)
+        return t.requires_grad_(requires_grad)
+
+    return {"input": rnd(T, B, I), "states": tuple(rnd(B, H, s=0.5) for _ in spec.states),
+            "weight_ih": rnd(G * H, I, s=scale * I**-0.5), "weight_hh": rnd(G * H, H, s=scale * H**-0.5),
+            "biases": tuple(rnd(G * H, s=0.5) if bias else None for _ in spec.biases)}
+
+
+def leaves(p: dict) -> list[torch.Tensor]:
+    """The tensors of ``layer_args`` in a fixed order (None biases left out)."""
+    return [t for t in (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"]) if t is not None]
+
+
+def upstream_like(spec: CellSpec, T: int, B: int, H: int, device="cpu", dtype=torch.float64) -> list[torch.Tensor]:
+    """Random incoming gradients: for the output (T, B, H), then each final state (B, H)."""
+    return [torch.randn(T, B, H, dtype=dtype, device=device)] + \
+        [torch.randn(B, H, dtype=dtype, device=device) for _ in spec.states]
+
+
+def run_layer(spec: CellSpec, p: dict, backend: str, upstream, lengths=None) -> tuple:
+    """(output, *final states, *gradients of leaves(p)) of one layer, the loss weighting each result by its
+    upstream gradient."""
+    out, state = rnn_layer(spec, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"],
+                           lengths=lengths, backend=backend)
+    loss = sum((r * u).sum() for r, u in zip((out, *state), upstream))
+    return (out, *state, *torch.autograd.grad(loss, leaves(p)))
+
+
+def run_cell(spec: CellSpec, p: dict, backend: str, upstream) -> tuple:
+    """As :func:`run_layer` for one step (the input's first step) through the cell function."""
+    state = rnn_cell(spec, p["input"][0], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], backend=backend)
+    loss = sum((r * u).sum() for r, u in zip(state, upstream[1:]))
+    return (*state, *torch.autograd.grad(loss, leaves(p), allow_unused=True, materialize_grads=True))

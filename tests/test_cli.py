@@ -36,7 +36,7 @@ def compose_cfg(out, *overrides):
 BAD = [
     (["dataset=imagenet"], "Could not find 'dataset/imagenet'; Available options in 'dataset': adding, co2, copy"),
     (["model=transformer"], "Could not find 'model/transformer'"),
-    (["backend=tpu"], "unknown LLTM backend 'tpu'; choose one of auto, python, cpp, cuda"),
+    (["backend=tpu"], "unknown backend 'tpu'; choose one of auto, python, cpp, cuda, torch"),
     (["trainer.max_steps=abc"], "trainer.max_steps: expected int, got 'abc' (str)"),
     (["model.hidden_size=big"], "model.hidden_size: expected int, got 'big' (str)"),
     (["model.hidden_size=-4"], "hidden_size must be a positive integer, got -4"),

@@ -13,23 +13,33 @@ from omegaconf import OmegaConf
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
 from test_training import make_cfg
-from lltm_train.export import TokenModel, check_in_fresh_process, example_inputs, export
+from lltm_train.export import TokenModel, TokenModelH, check_in_fresh_process, example_inputs, export, token_model
 from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
 from lltm_train.train import train
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A small character model (2 layers) trained for a few steps."""
-    out = tmp_path_factory.mktemp("run")
+def _train_text_model(out, *overrides):
     text = out / "text.txt"
     text.write_text("the quick brown fox jumps over a lazy dog. " * 100)
     cfg = make_cfg(out, "dataset=text", f"dataset.path={text}", "dataset.seq_len=16", "model.num_layers=2",
-                   "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0")
+                   "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0", *overrides)
     train(cfg)
     (out / ".hydra").mkdir()
     OmegaConf.save(cfg, out / ".hydra" / "config.yaml")  # as the command line's run writes it
     return out / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A small character model (LLTM, 2 layers) trained for a few steps."""
+    return _train_text_model(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module", params=["lstm", "gru"])
+def cell_checkpoint(request, tmp_path_factory):
+    """The same with the fused LSTM or GRU (trained on its torch.nn baseline for the LSTM: the file moves)."""
+    backend = "torch" if request.param == "lstm" else "cpp"
+    return _train_text_model(tmp_path_factory.mktemp(request.param), f"model.cell={request.param}", f"backend={backend}")
 
 
 def test_a_checkpoint_loads_on_every_backend_with_the_same_outputs(checkpoint):
@@ -95,6 +105,18 @@ def test_each_format_reloads_in_a_fresh_process_with_the_models_outputs(checkpoi
     assert (tmp_path / f"model.{fmt}.pt2.vocab.json").is_file()
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "exported"])
+def test_lstm_and_gru_models_export_and_reload(cell_checkpoint, tmp_path, fmt):
+    """An LSTM model (trained on torch.nn.LSTM) exports through the fused cell; a GRU model's files take and
+    return h alone."""
+    task, ckpt = load_task(cell_checkpoint, "cpp")
+    model = token_model(task.net)
+    gru = task.hparams["cell"] == "gru"
+    assert isinstance(model, TokenModelH if gru else TokenModel) and len(example_inputs(model)) == (2 if gru else 3)
+    path = export(model, fmt, tmp_path / f"model.{fmt}.pt2", vocabulary(ckpt))
+    assert check_in_fresh_process(model, fmt, path, T=11, B=4) < 1e-5
+
+
 def test_torchscript_file_holds_its_vocabulary(checkpoint, tmp_path):
     import json
 
@@ -157,6 +179,17 @@ def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp
     assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
     unknown = subprocess.run([str(build / "lltm-generate-cpp"), str(model), "--prompt", "the Q"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "'Q'" in unknown.stderr
+
+    # a GRU model: its state is h alone
+    (tmp_path / "gru").mkdir()
+    gru_ckpt = _train_text_model(tmp_path / "gru", "model.cell=gru")
+    task, ckpt = load_task(gru_ckpt, "cpp")
+    model = export(token_model(task.net), "torchscript", tmp_path / "gru.pt", vocabulary(ckpt))
+    cpp = subprocess.run([str(build / "lltm-generate-cpp"), str(model), *options], capture_output=True, text=True)
+    python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(gru_ckpt), *options, "--backend", "cpp"],
+                            capture_output=True, text=True)
+    assert cpp.returncode == 0 and python.returncode == 0, cpp.stderr[-2000:] + python.stderr[-2000:]
+    assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
 
 
 def test_a_compiled_models_checkpoint_loads_uncompiled(tmp_path):

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from lltm_train.models import CELLS, CharLM, SequenceClassifier, SequenceRegressor, recurrent_layer
-from lltm_train.nn import LLTM
+from lltm_train import nn as fused
 
-# cell, backend pairs: the LLTM with its reference and its compiled CPU kernels, and the torch baselines
-CELL_BACKENDS = [("lltm", "python"), ("lltm", "cpp"), ("lstm", "python"), ("gru", "python")]
-CELL_IDS = ["lltm-python", "lltm-cpp", "lstm", "gru"]
+# cell, backend pairs: each cell with its reference and its fused CPU kernels, and the torch.nn baselines
+CELL_BACKENDS = [(c, b) for c in ("lltm", "lstm", "gru") for b in ("python", "cpp", "torch") if (c, b) != ("lltm", "torch")]
+CELL_IDS = [f"{c}-{b}" for c, b in CELL_BACKENDS]
 
 
 def layer_params(cell: str, i: int, h: int) -> int:
@@ -26,7 +26,10 @@ def n_params(module: nn.Module) -> int:
 @pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)
 def test_recurrent_layer_builds_the_named_cell(cell, backend):
     layer = recurrent_layer(cell, 3, 5, num_layers=2, dropout=0.1, bidirectional=True, backend=backend)
-    expected_type = {"lltm": LLTM, "lstm": nn.LSTM, "gru": nn.GRU}[cell]
+    if backend == "torch":
+        expected_type = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
+    else:
+        expected_type = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}[cell]
     assert type(layer) is expected_type
     assert (layer.input_size, layer.hidden_size, layer.num_layers, layer.bidirectional) == (3, 5, 2, True)
     assert layer.dropout == pytest.approx(0.1)

@@ -93,7 +93,7 @@ def test_raw_ops_check_their_arguments():
 
 def test_unknown_backend_and_wrong_device():
     args = params()
-    with pytest.raises(ValueError, match="unknown LLTM backend 'cudnn'; choose one of auto, python, cpp, cuda"):
+    with pytest.raises(ValueError, match="unknown backend 'cudnn'; choose one of auto, python, cpp, cuda, torch"):
         lltm_layer(*args, backend="cudnn")
     with pytest.raises(ValueError, match="'cuda' runs on CUDA tensors, but the tensors are on cpu; use backend='cpp'"):
         lltm_layer(*args, backend="cuda")
@@ -116,7 +116,7 @@ def test_auto_says_once_which_backend_it_chose(monkeypatch, caplog):
         for _ in range(3):
             lltm_layer(*params(), backend="auto")
     chosen = [r.getMessage() for r in caplog.records if "backend 'auto'" in r.getMessage()]
-    assert chosen == ["LLTM backend 'auto' runs 'cpp' for cpu tensors"]
+    assert chosen == ["backend 'auto' runs 'cpp' for cpu tensors"]
 
 
 def test_auto_falls_back_to_python_and_says_why(monkeypatch, caplog):

@@ -159,7 +159,7 @@ def test_compare_backends_sweeps_every_backend_here_and_every_cell_then_reports(
     backends = lltm_train.available_backends()  # cuda runs on the GPU machine, cpp on its CPU
     with open(tmp_path / "compare" / "report.csv") as f:
         rows = list(csv.DictReader(f))
-    assert sorted(r["run"].split("_", 1)[1] for r in rows) == sorted(
-        f"backend={b}_model.cell={c}" for b in backends for c in ("lltm", "lstm", "gru"))
+    pairs = {(c, b) for c in ("lltm", "lstm", "gru") for b in (*backends, "torch")} - {("lltm", "torch")}
+    assert sorted(r["run"].split("_", 1)[1] for r in rows) == sorted(f"cell_backend={c}_{b}" for c, b in pairs)
     assert all(r["status"] == "finished" for r in rows)
-    assert {r["backend"] for r in rows if r["cell"] == "lltm"} == set(backends)
+    assert {(r["cell"], r["backend"]) for r in rows} == {(c, "torch.nn" if b == "torch" else b) for c, b in pairs}

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+import lltm_train.nn
 from conftest import CUDA_READY, CUDA_SKIP_REASON
 from lltm_train.config import ConfigError, config_dir
 from lltm_train.train import _prepare, train
@@ -251,13 +252,20 @@ def test_bidirectional_language_model_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_torch_nn_baseline_cells_train_in_the_same_job(tmp_path, cell):
-    cfg = make_cfg(tmp_path, "dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}", "+trainer.fast_dev_run=2")
-    metrics = train(cfg)
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_every_cell_trains_fused_or_on_the_torch_baseline(tmp_path, cell, backend):
+    """model.cell=lstm (or gru) trains the fused cell; with backend=torch, torch.nn's layer of the same width."""
+    overrides = ("dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}", f"backend={backend}")
+    metrics = train(make_cfg(tmp_path, *overrides, "+trainer.fast_dev_run=2"))
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-    datamodule, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}"))
-    baseline = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
-    assert isinstance(task.net.rnn, baseline) and task.net.rnn.hidden_size == 16
+    _, task, _, backend_used, _ = _prepare(make_cfg(tmp_path / "again", *overrides))
+    if backend == "torch":
+        expected = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+        assert backend_used == "torch"
+    else:
+        expected = lltm_train.nn.LSTM if cell == "lstm" else lltm_train.nn.GRU
+        assert backend_used == "cpp"
+    assert type(task.net.rnn) is expected and task.net.rnn.hidden_size == 16
 
 
 def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):

@@ -5,7 +5,8 @@
 // one token a step with the state carried; each token is drawn by torch::multinomial from
 // softmax(logits / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
 // the same seed gives the same text token for token. The vocabulary and the state's size come from the
-// model file's extra files vocab.json and config.json.
+// model file's extra files vocab.json and config.json ("states": 2 for (h, c) cells, the LLTM and the
+// LSTM; 1 for the GRU, whose state is h alone).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/script.h>
 
@@ -133,6 +134,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> vocab = parse_string_array(extra["vocab.json"]);
   const int64_t layers = json_int(extra["config.json"], "num_layers");
   const int64_t hidden = json_int(extra["config.json"], "hidden_size");
+  // files exported before the GRU existed have no "states": they are (h, c) models
+  const int64_t states = extra["config.json"].find("\"states\"") == std::string::npos ? 2 : json_int(extra["config.json"], "states");
   std::map<std::string, int64_t> index;
   for (size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<int64_t>(i);
 
@@ -151,11 +154,12 @@ int main(int argc, char** argv) {
 
   torch::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(std::stoull(opt["--seed"])));
-  auto h = torch::zeros({layers, 1, hidden}), c = torch::zeros({layers, 1, hidden});
+  std::vector<torch::Tensor> state(states, torch::zeros({layers, 1, hidden}));  // (h, c) or (h)
   auto step = [&](const torch::Tensor& tokens) {
-    auto out = model.forward({tokens, h, c}).toTuple();
-    h = out->elements()[1].toTensor();
-    c = out->elements()[2].toTensor();
+    std::vector<torch::jit::IValue> inputs{tokens};
+    inputs.insert(inputs.end(), state.begin(), state.end());
+    auto out = model.forward(inputs).toTuple();
+    for (int64_t i = 0; i < states; ++i) state[i] = out->elements()[1 + i].toTensor();
     return out->elements()[0].toTensor();  // (T, 1, V)
   };
   auto logits = step(torch::tensor(prompt, torch::kLong).unsqueeze(1));

@@ -10,14 +10,15 @@ from .recurrent import recurrent_layer
 
 
 class CharLM(nn.Module):
-    """Embedding -> recurrent layers (LLTM, or an nn.LSTM / nn.GRU baseline) -> dropout -> linear head, time-major.
+    """Embedding -> recurrent layers (LLTM, LSTM or GRU) -> dropout -> linear head, time-major.
 
     Args:
         vocab_size: input token ids are in [0, vocab_size).
         hidden_size, embedding_dim: the widths of the recurrent layers and the embedding.
         num_layers, dropout: as torch.nn.LSTM; dropout also applies before the head.
         num_classes: output classes per step (defaults to vocab_size, as in language modelling).
-        cell: ``lltm``, ``lstm`` or ``gru`` (:mod:`lltm_train.models.recurrent`). backend: the LLTM's.
+        cell: ``lltm``, ``lstm`` or ``gru``; backend: ``auto``, ``python``, ``cpp``, ``cuda`` or ``torch``
+            (:mod:`lltm_train.models.recurrent`).
         bidirectional: must be False: a next-token model cannot read the future.
 
     forward(tokens (T, B) int64, state=None) -> (logits (T, B, num_classes), state).

@@ -1,8 +1,9 @@
-"""The recurrent layer of every model: the LLTM, or a ``torch.nn`` baseline of the same width.
+"""The recurrent layer of every model: the fused LLTM, LSTM or GRU (:mod:`lltm_train.nn`), or with
+``backend="torch"`` PyTorch's own ``torch.nn.LSTM``/``GRU`` (cuDNN on a GPU, oneDNN on a CPU), the baseline.
 
-``cell="lstm"`` and ``cell="gru"`` build ``torch.nn.LSTM`` / ``torch.nn.GRU`` (cuDNN on a GPU) with the same
-input size, hidden size, layers, dropout and directions, so a sweep over ``model.cell`` compares the cells
-at equal width and with everything else equal. ``backend`` applies to the LLTM only.
+All of them share one parameter layout per cell (``torch.nn``'s names and shapes), so a checkpoint moves
+between backends, ``torch`` included, and a sweep over ``model.cell`` or ``backend`` compares them at equal
+width with everything else equal.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .. import validation as v
-from ..nn import LLTM
+from ..backends import check_backend_name
+from ..nn import GRU, LLTM, LSTM
 
 CELLS = ("lltm", "lstm", "gru")
+_FUSED = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}
+_TORCH = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
 def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
@@ -20,16 +24,17 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     """A time-major recurrent layer: ``layer(x (T, B, F) or PackedSequence, state=None) -> (output, state)``.
 
     Raises:
-        ValueError: an unknown cell, or a bad size or dropout.
+        ValueError: an unknown cell or backend, ``backend="torch"`` with the LLTM, or a bad size or dropout.
     """
     v.one_of("model", "cell", cell, CELLS)
+    check_backend_name(backend, cell)
     dropout = v.probability("model", "dropout", dropout) if num_layers > 1 else 0.0  # between layers only
-    if cell == "lltm":
-        return LLTM(input_size, hidden_size, num_layers, dropout=dropout, bidirectional=bidirectional, backend=backend)
-    v.positive_int("model", "hidden_size", hidden_size)
-    v.positive_int("model", "num_layers", num_layers)
-    baseline = nn.LSTM if cell == "lstm" else nn.GRU
-    return baseline(input_size, hidden_size, num_layers, dropout=dropout, bidirectional=bidirectional)
+    if backend == "torch":
+        v.positive_int("model", "hidden_size", hidden_size)
+        v.positive_int("model", "num_layers", num_layers)
+        return _TORCH[cell](input_size, hidden_size, num_layers, dropout=dropout, bidirectional=bidirectional)
+    return _FUSED[cell](input_size, hidden_size, num_layers, dropout=dropout, bidirectional=bidirectional,
+                        backend=backend)
 
 
 def final_hidden(state) -> Tensor:

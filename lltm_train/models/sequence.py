@@ -16,7 +16,7 @@ class FinalStateHead(nn.Module):
     Args:
         input_size: features per step. output_size: outputs per sequence.
         hidden_size, num_layers, dropout, bidirectional: as torch.nn.LSTM; dropout also before the head.
-        cell: ``lltm``, ``lstm`` or ``gru``. backend: the LLTM's.
+        cell: ``lltm``, ``lstm`` or ``gru``; backend: as :func:`~lltm_train.models.recurrent_layer`.
 
     forward(x (B, T, input_size), lengths (B,) int64 on the CPU or None) -> (B, output_size). With lengths,
     the batch is zero-padded and each sequence's final state is taken at its own length.

@@ -1,6 +1,7 @@
-"""``torch.nn``-style LLTM modules: :class:`LLTMCell` (one step) and :class:`LLTM` (layers over sequences)."""
+"""``torch.nn``-style modules of every cell: one step (:class:`LLTMCell`, :class:`LSTMCell`, :class:`GRUCell`)
+and layers over sequences (:class:`LLTM`, :class:`LSTM`, :class:`GRU`)."""
 
-from .cell import LLTMCell
-from .lltm import LLTM
+from .cell import GRUCell, LLTMCell, LSTMCell
+from .rnn import GRU, LLTM, LSTM
 
-__all__ = ["LLTM", "LLTMCell"]
+__all__ = ["GRU", "GRUCell", "LLTM", "LLTMCell", "LSTM", "LSTMCell"]

@@ -1,53 +1,93 @@
-"""One LLTM step as a module, with ``torch.nn.LSTMCell``'s conventions."""
+"""One step as a module, with ``torch.nn.LSTMCell``'s conventions: :class:`LLTMCell`, :class:`LSTMCell`,
+:class:`GRUCell` over one shared implementation (:class:`RecurrentCell`)."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 from .. import validation as v
-from ..functional import lltm_cell
+from ..functional import rnn_cell
+from ..ops.cells import GRU, LLTM, LSTM, CellSpec
 from ._params import BackendMixin, make_weights, reset_uniform
 
 
-class LLTMCell(BackendMixin, nn.Module):
-    """An LLTM cell: ``h', c' = LLTMCell(x, (h, c))``; see :mod:`lltm_train.ops.reference` for the math.
+class RecurrentCell(BackendMixin, nn.Module):
+    """One step of a cell (``cell``, set by the subclasses): ``state' = Cell(x, state)``.
 
     Args:
-        input_size: features of x. hidden_size: features of h and c.
-        bias: learn ``bias`` (3 * hidden_size). backend: ``auto``, ``python``, ``cpp`` or ``cuda``.
+        input_size: features of x. hidden_size: features of h (and c).
+        bias: learn the biases. backend: ``auto``, ``python``, ``cpp``, ``cuda`` (and ``torch`` for the
+            LSTM and GRU); settable later.
 
-    Parameters: ``weight_ih`` (3H, input_size), ``weight_hh`` (3H, H), ``bias`` (3H); gate order
-    (input, output, candidate); initialised U(-1/sqrt(H), 1/sqrt(H)).
+    Parameters: ``weight_ih`` (G H, input_size), ``weight_hh`` (G H, H) and the biases (``bias``, or
+    ``bias_ih`` and ``bias_hh``, G H each), as ``torch.nn.LSTMCell``/``GRUCell`` name them; initialised
+    U(-1/sqrt(H), 1/sqrt(H)).
 
-    Shapes: input (B, input_size) or (input_size,); hx ``(h, c)`` each (B, H) or (H,), default zeros.
-    Returns ``(h_1, c_1)`` of the same batchedness.
+    Shapes: input (B, input_size) or (input_size,); hx: ``(h, c)`` each (B, H) or (H,), or h alone for the
+    GRU; default zeros. Returns the new state, of the same batchedness.
+
+    Raises:
+        ValueError: bad sizes, an input or state of the wrong shape, or a backend the cell does not have.
     """
+
+    cell: CellSpec
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, backend: str = "auto",
                  device=None, dtype=None) -> None:
         super().__init__()
-        v.positive_int("LLTMCell", "input_size", input_size)
-        v.positive_int("LLTMCell", "hidden_size", hidden_size)
-        v.flag("LLTMCell", "bias", bias)
+        owner = type(self).__name__
+        v.positive_int(owner, "input_size", input_size)
+        v.positive_int(owner, "hidden_size", hidden_size)
+        v.flag(owner, "bias", bias)
         self.input_size, self.hidden_size, self.backend = input_size, hidden_size, backend
-        make_weights(self, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype})
+        make_weights(self, self.cell, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         reset_uniform(self, self.hidden_size)
 
-    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor, hx=None):
+        owner = type(self).__name__
         if not isinstance(input, Tensor) or input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
             got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
-            raise ValueError(f"LLTMCell: expected input of shape (B, {self.input_size}) or ({self.input_size},), got {got}")
-        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx)):
-            raise ValueError("LLTMCell: hx must be a tuple (h, c) of two tensors")
+            raise ValueError(f"{owner}: expected input of shape (B, {self.input_size}) or ({self.input_size},), got {got}")
+        two = self.cell.has_cell_state
+        if hx is not None and (
+                (two and (not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx)))
+                or (not two and not isinstance(hx, Tensor))):
+            raise ValueError(f"{owner}: hx must be " + ("a tuple (h, c) of two tensors" if two else "a tensor h"))
         unbatched = input.dim() == 1
+        state = None if hx is None else (tuple(hx) if two else (hx,))
         if unbatched:
             input = input.unsqueeze(0)
-            hx = None if hx is None else (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
-        h, c = lltm_cell(input, hx, self.weight_ih, self.weight_hh, self.bias, backend=self.backend)
-        return (h.squeeze(0), c.squeeze(0)) if unbatched else (h, c)
+            state = None if state is None else tuple(t.unsqueeze(0) for t in state)
+        biases = [getattr(self, name) for name in self.cell.biases]
+        new = rnn_cell(self.cell, input, state, self.weight_ih, self.weight_hh, *biases, backend=self.backend)
+        new = tuple(t.squeeze(0) for t in new) if unbatched else new
+        return new if two else new[0]
 
     def extra_repr(self) -> str:
-        return f"{self.input_size}, {self.hidden_size}, bias={self.bias is not None}, backend={self.backend!r}"
+        has_bias = getattr(self, self.cell.biases[0]) is not None
+        return f"{self.input_size}, {self.hidden_size}, bias={has_bias}, backend={self.backend!r}"
+
+
+class LLTMCell(RecurrentCell):
+    """An LLTM cell: ``h', c' = LLTMCell(x, (h, c))``; parameters ``weight_ih`` (3H, input_size),
+    ``weight_hh`` (3H, H), ``bias`` (3H), gate order (input, output, candidate). See :class:`RecurrentCell`
+    and :mod:`lltm_train.ops.reference` for the math."""
+
+    cell = LLTM
+
+
+class LSTMCell(RecurrentCell):
+    """An LSTM cell with ``torch.nn.LSTMCell``'s math and parameters: ``h', c' = LSTMCell(x, (h, c))``.
+    See :class:`RecurrentCell`."""
+
+    cell = LSTM
+
+
+class GRUCell(RecurrentCell):
+    """A GRU cell with ``torch.nn.GRUCell``'s math and parameters: ``h' = GRUCell(x, h)``. See
+    :class:`RecurrentCell`."""
+
+    cell = GRU

@@ -1,14 +1,23 @@
 """Fake kernels of the ``torch.ops.lltm`` ops: what each returns, for torch.compile and torch.export.
 
-The C++ kernels are the authority on arguments (csrc/lltm.cpp) and the autograd formulas are in C++
-(csrc/lltm_autograd.cpp); these only state the output shapes. They check the shapes they read, and that
-the tensors share a device: the dispatcher sends a call that mixes meta and real tensors here, which
-would otherwise hand back uninitialised outputs. ``lengths`` lives on the CPU whatever the device.
+One pair per cell, made from its :class:`~lltm_train.ops.cells.CellSpec`. The C++ kernels are the
+authority on arguments (csrc/lltm.cpp) and the autograd formulas are in C++ (csrc/lltm_autograd.cpp);
+these only state the output shapes. They check the shapes they read, and that the tensors share a device:
+the dispatcher sends a call that mixes meta and real tensors here, which would otherwise hand back
+uninitialised outputs. ``lengths`` lives on the CPU whatever the device.
+
+Argument order, for a cell with states S (h, or h and c) and biases P (bias, or bias_ih and bias_hh):
+forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths) -> (output, *S_n, [cells], activations)``;
+backward ``(grad_output, *grad_S_n, input, h0, [c0], weight_ih, weight_hh, output, [cells], activations,
+lengths) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh, *grad_P)`` (c0 for the LSTM only,
+cells for the cells with a c state).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .cells import CELLS, CellSpec
 
 _done = False
 
@@ -24,26 +33,43 @@ def _lengths_on_cpu(op: str, lengths, input) -> None:
                      lambda: f"{op}: expected lengths as an int64 tensor on the CPU, got one on {lengths.device}")
 
 
-def _fake_layer_forward(input, h0, c0, weight_ih, weight_hh, bias, lengths):
-    op = "lltm.layer_forward"
-    _one_device(op, input, h0, c0, weight_ih, weight_hh, bias)
-    _lengths_on_cpu(op, lengths, input)
-    torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
-    torch._check(weight_hh.dim() == 2, lambda: f"{op}: expected weight_hh of shape (3 * hidden_size, hidden_size)")
-    T, B, _ = input.shape
-    H = weight_hh.shape[1]
-    return (input.new_empty(T, B, H), input.new_empty(B, H), input.new_empty(B, H), input.new_empty(T, B, H),
-            input.new_empty(T, B, 3 * H))
+def _forward_fake(spec: CellSpec):
+    op = f"lltm.{spec.forward_op}"
+    n = len(spec.states)
+
+    def fake(input, *args):
+        states, (weight_ih, weight_hh), rest = args[:n], args[n:n + 2], args[n + 2:]
+        biases, lengths = rest[:-1], rest[-1]
+        _one_device(op, input, *states, weight_ih, weight_hh, *biases)
+        _lengths_on_cpu(op, lengths, input)
+        torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
+        torch._check(weight_hh.dim() == 2,
+                     lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size)")
+        T, B, _ = input.shape
+        H = weight_hh.shape[1]
+        cells = (input.new_empty(T, B, H),) if spec.has_cell_state else ()
+        return (input.new_empty(T, B, H), *(input.new_empty(B, H) for _ in range(n)), *cells,
+                input.new_empty(T, B, spec.saved * H))
+
+    return fake
 
 
-def _fake_layer_backward(grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, weight_hh, output, cells, activations,
-                         lengths):
-    op = "lltm.layer_backward"
-    _one_device(op, grad_output, grad_h_n, grad_c_n, input, h0, weight_ih, weight_hh, output, cells, activations)
-    _lengths_on_cpu(op, lengths, input)
-    torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
-    return (torch.empty_like(input), torch.empty_like(h0), torch.empty_like(h0), torch.empty_like(weight_ih),
-            torch.empty_like(weight_hh), weight_hh.new_empty(weight_hh.shape[0]))
+def _backward_fake(spec: CellSpec):
+    op = f"lltm.{spec.backward_op}"
+    n = len(spec.states)
+
+    def fake(*args):
+        grads, (input, h0), rest = args[:n + 1], args[n + 1:n + 3], args[n + 3:]
+        if spec.needs_c_prev:
+            rest = rest[1:]
+        weight_ih, weight_hh, *saved, lengths = rest
+        _one_device(op, *grads, input, h0, weight_ih, weight_hh, *saved)
+        _lengths_on_cpu(op, lengths, input)
+        torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
+        return (torch.empty_like(input), *(torch.empty_like(h0) for _ in range(n)), torch.empty_like(weight_ih),
+                torch.empty_like(weight_hh), *(weight_hh.new_empty(weight_hh.shape[0]) for _ in spec.biases))
+
+    return fake
 
 
 def register() -> None:
@@ -51,6 +77,7 @@ def register() -> None:
     global _done
     if _done:
         return
-    torch.library.register_fake("lltm::layer_forward")(_fake_layer_forward)
-    torch.library.register_fake("lltm::layer_backward")(_fake_layer_backward)
+    for spec in CELLS.values():
+        torch.library.register_fake(f"lltm::{spec.forward_op}")(_forward_fake(spec))
+        torch.library.register_fake(f"lltm::{spec.backward_op}")(_backward_fake(spec))
     _done = True

@@ -1,41 +1,95 @@
-"""The LLTM in plain PyTorch: the ``python`` backend, and the oracle every other backend is tested against.
+"""The cells in plain PyTorch: the ``python`` backend, and the oracle every other backend is tested against.
 
-Math (PyTorch's "Custom C++ and CUDA Extensions" tutorial; weights split as in ``torch.nn.LSTM``)::
+One step of each cell, from its pre-activations (G blocks of H each) and its state, returns the new state
+(h first). For the LLTM and the LSTM the pre-activations are one sum,
+``g = x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh``; the GRU keeps the two sides apart,
+``gx = x @ weight_ih.T + bias_ih`` and ``gh = h @ weight_hh.T + bias_hh``:
 
-    gates = x @ weight_ih.T + h @ weight_hh.T + bias        # (B, 3H): input, output, candidate
-    i, o, z = sigmoid(gates[:, :H]), sigmoid(gates[:, H:2H]), elu(gates[:, 2H:])
-    c' = c + i * z          # no forget gate: the cell accumulates
-    h' = tanh(c') * o
+- LLTM (PyTorch's "Custom C++ and CUDA Extensions" tutorial; one bias)::
 
-Autograd differentiates these functions; they run on any device and dtype.
+      i, o, z = sigmoid(g[:H]), sigmoid(g[H:2H]), elu(g[2H:])
+      c' = c + i * z          # no forget gate: the cell accumulates
+      h' = tanh(c') * o
+
+- LSTM (``torch.nn.LSTM``)::
+
+      i, f, g, o = sigmoid, sigmoid, tanh, sigmoid of the four blocks of g
+      c' = f * c + i * g
+      h' = o * tanh(c')
+
+- GRU (``torch.nn.GRU``)::
+
+      r, z = sigmoid of the first two blocks of gx + gh
+      n = tanh(gx_n + r * gh_n)
+      h' = (1 - z) * n + z * h
+
+:func:`layer_forward` runs a step function over a sequence (the input projection of all T steps is one
+GEMM). Autograd differentiates these functions; they run on any device and dtype.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+State = tuple[Tensor, ...]
 
-def layer_forward(input: Tensor, h: Tensor, c: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor | None,
-                  lengths: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """A whole sequence, as ``torch.ops.lltm.layer_forward`` computes it.
 
-    input (T, B, I); h, c (B, H); lengths (B,) int64 or None (every row runs all T steps; otherwise row b
-    stops after lengths[b] steps: its state stays and its later outputs are zero). Returns
-    (output (T, B, H), h_n (B, H), c_n (B, H)). The input projection of all T steps is one GEMM.
+def lltm_step(g: Tensor, state: State) -> State:
+    h, c = state
+    i, o, z = g.chunk(3, dim=1)
+    c = c + torch.sigmoid(i) * F.elu(z)
+    return torch.tanh(c) * torch.sigmoid(o), c
+
+
+def lstm_step(g: Tensor, state: State) -> State:
+    h, c = state
+    i, f, g, o = g.chunk(4, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def gru_step(gx: Tensor, gh: Tensor, state: State) -> State:
+    (h,) = state
+    x_r, x_z, x_n = gx.chunk(3, dim=1)
+    h_r, h_z, h_n = gh.chunk(3, dim=1)
+    r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+    n = torch.tanh(x_n + r * h_n)
+    return (n + z * (h - n),)
+
+
+def layer_forward(step: Callable[..., State], split: bool, input: Tensor, state: State, weight_ih: Tensor,
+                  weight_hh: Tensor, bias_ih: Tensor | None, bias_hh: Tensor | None = None,
+                  lengths: Tensor | None = None) -> tuple[Tensor, State]:
+    """A whole sequence, as the compiled ops compute it.
+
+    step: a step function above; split: whether it takes the two sides of its pre-activations apart (the
+    GRU). input (T, B, I); state: (h, c) or (h,), each (B, H); lengths (B,) int64 or None (every row runs
+    all T steps; otherwise row b stops after lengths[b] steps: its state stays, its later outputs are zero,
+    and its padding never reaches a gradient). Returns (output (T, B, H), the final state).
     """
-    projected = F.linear(input, weight_ih, bias)
+    running = None
+    if lengths is not None:
+        running = (torch.arange(input.shape[0])[:, None] < lengths[None, :]).to(input.device)  # (T, B)
+        input = torch.where(running[:, :, None], input, torch.zeros((), dtype=input.dtype, device=input.device))
+    if not split and bias_hh is not None:  # one sum: both biases go into the input projection
+        bias_ih = bias_hh if bias_ih is None else bias_ih + bias_hh
+        bias_hh = None
+    projected = F.linear(input, weight_ih, bias_ih)
     outputs = []
     for t in range(input.shape[0]):
-        i, o, z = torch.addmm(projected[t], h, weight_hh.t()).chunk(3, dim=1)
-        c_new = c + torch.sigmoid(i) * F.elu(z)
-        h_new = torch.tanh(c_new) * torch.sigmoid(o)
-        if lengths is None:
-            h, c = h_new, c_new
-            outputs.append(h)
+        if split:
+            new = step(projected[t], F.linear(state[0], weight_hh, bias_hh), state)
         else:
-            running = (t < lengths).to(input.device)[:, None]
-            h, c = torch.where(running, h_new, h), torch.where(running, c_new, c)
-            outputs.append(torch.where(running, h_new, torch.zeros_like(h_new)))
-    return torch.stack(outputs), h, c
+            new = step(torch.addmm(projected[t], state[0], weight_hh.t()), state)
+        if running is None:
+            state = new
+            outputs.append(new[0])
+        else:
+            run = running[t][:, None]
+            state = tuple(torch.where(run, n, s) for n, s in zip(new, state))
+            outputs.append(torch.where(run, new[0], torch.zeros_like(new[0])))
+    return torch.stack(outputs), state

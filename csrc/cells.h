@@ -1,0 +1,242 @@
+// The cells of the op library, each described once for every device: its sizes, and its math for one
+// (batch row, hidden unit) forward and backward. The CPU loops (lltm_cpu.cpp), the CUDA stepped path and
+// the persistent kernels are templates over these descriptions; so are the checks and GEMMs (lltm.cpp).
+//
+// A cell `Cell` has:
+//   kGates (G)       blocks of H rows in weight_ih and weight_hh: a step's pre-activations are G x H.
+//   kSaved (A)       blocks of H activations that the forward saves for the backward.
+//   kHasCell         a cell state c beside h (LLTM, LSTM); the GRU's state is h alone.
+//   kSplit           the last gate's h-side pre-activation is kept apart from its x-side one (the GRU's
+//                    candidate n = tanh(W_in x + b_in + r * (W_hn h + b_hn))), so its gradient differs
+//                    between the two sides.
+//   kGradBlocks      G + kSplit blocks of gate gradients: dL/d(h-side pre-activation) of each gate (also
+//                    the x-side one of every gate that is not split), then the split gate's x-side one.
+//   kNeedsCPrev, kNeedsHPrev   whether the backward reads c or h of the step before (LSTM: the forget
+//                    gate's gradient; GRU: h' = (1 - z) n + z h).
+//   forward(gx, gh, c_prev, h_prev, saved, c, h)
+//       gx[G]: x-side pre-activations (x W_ih^T + b_ih, plus b_hh for the gates that are not split);
+//       gh[G]: h-side ones (h W_hh^T, plus b_hn for the split gate); c_prev, h_prev: the state before.
+//       Writes saved[A], c (cells with a c state) and h.
+//   backward(dh, dc, saved, c, c_prev, h_prev, dg, dh_prev)
+//       dh: dL/dh after the step (from every use); dc: dL/dc after the step on entry, before it on return.
+//       Writes dg[kGradBlocks] and dh_prev, the part of dL/dh_prev that does not go through W_hh (the GRU's
+//       z * dh; zero for the others).
+// `M` supplies exp, expm1 and tanh for the arithmetic type `acc_t`: the CPU passes vectorisable
+// approximations for float and libm otherwise, CUDA its device functions.
+#pragma once
+
+#include <cstdint>
+
+// Always inlined: the CPU's loops vectorise only with the math inlined into each ISA clone of the caller.
+#if defined(__CUDACC__)
+#define LLTM_HOST_DEVICE __host__ __device__ __forceinline__
+#define LLTM_UNROLL _Pragma("unroll")
+#else
+#define LLTM_HOST_DEVICE inline __attribute__((always_inline))
+#define LLTM_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+namespace lltm {
+
+template <typename acc_t, typename M>
+LLTM_HOST_DEVICE acc_t sigmoid(acc_t x) {
+  return acc_t(1) / (acc_t(1) + M::exp(-x));
+}
+
+// The LLTM, from PyTorch's "Custom C++ and CUDA Extensions" tutorial: gates (input, output, candidate),
+//   i = sigmoid(g_i), o = sigmoid(g_o), z = elu(g_z); c' = c + i z (no forget gate); h' = tanh(c') o.
+struct LLTMCell {
+  static constexpr int kGates = 3, kSaved = 3, kGradBlocks = 3;
+  static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = false, kNeedsHPrev = false;
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[3], const acc_t (&gh)[3], acc_t c_prev, acc_t,
+                                       acc_t (&s)[3], acc_t& c, acc_t& h) {
+    s[0] = sigmoid<acc_t, M>(gx[0] + gh[0]);
+    s[1] = sigmoid<acc_t, M>(gx[1] + gh[1]);
+    const acc_t g = gx[2] + gh[2];
+    s[2] = g > acc_t(0) ? g : M::expm1(g);
+    c = c_prev + s[0] * s[2];
+    h = M::tanh(c) * s[1];
+  }
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t& dc, const acc_t (&s)[3], acc_t c, acc_t, acc_t,
+                                        acc_t (&dg)[3], acc_t& dh_prev) {
+    const acc_t i = s[0], o = s[1], z = s[2], tc = M::tanh(c);
+    dc = dc + dh * o * (acc_t(1) - tc * tc);  // c' = c + i z passes dc back unchanged
+    dg[0] = dc * z * i * (acc_t(1) - i);
+    dg[1] = dh * tc * o * (acc_t(1) - o);
+    dg[2] = dc * i * (z > acc_t(0) ? acc_t(1) : z + acc_t(1));  // elu'(g) = elu(g) + 1 for g <= 0
+    dh_prev = acc_t(0);
+  }
+};
+
+// torch.nn.LSTM's cell: gates (input, forget, cell, output),
+//   i, f, o = sigmoid(.), g = tanh(.); c' = f c + i g; h' = o tanh(c').
+struct LSTMCell {
+  static constexpr int kGates = 4, kSaved = 4, kGradBlocks = 4;
+  static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = true, kNeedsHPrev = false;
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[4], const acc_t (&gh)[4], acc_t c_prev, acc_t,
+                                       acc_t (&s)[4], acc_t& c, acc_t& h) {
+    s[0] = sigmoid<acc_t, M>(gx[0] + gh[0]);
+    s[1] = sigmoid<acc_t, M>(gx[1] + gh[1]);
+    s[2] = M::tanh(gx[2] + gh[2]);
+    s[3] = sigmoid<acc_t, M>(gx[3] + gh[3]);
+    c = s[1] * c_prev + s[0] * s[2];
+    h = s[3] * M::tanh(c);
+  }
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t& dc, const acc_t (&s)[4], acc_t c, acc_t c_prev, acc_t,
+                                        acc_t (&dg)[4], acc_t& dh_prev) {
+    const acc_t i = s[0], f = s[1], g = s[2], o = s[3], tc = M::tanh(c);
+    dc = dc + dh * o * (acc_t(1) - tc * tc);
+    dg[0] = dc * g * i * (acc_t(1) - i);
+    dg[1] = dc * c_prev * f * (acc_t(1) - f);
+    dg[2] = dc * i * (acc_t(1) - g * g);
+    dg[3] = dh * tc * o * (acc_t(1) - o);
+    dc = dc * f;
+    dh_prev = acc_t(0);
+  }
+};
+
+// torch.nn.GRU's cell: gates (reset, update, new),
+//   r, z = sigmoid(.), n = tanh(W_in x + b_in + r (W_hn h + b_hn)); h' = (1 - z) n + z h.
+// Saved: r, z, n and W_hn h + b_hn (the backward's dL/dr needs it).
+struct GRUCell {
+  static constexpr int kGates = 3, kSaved = 4, kGradBlocks = 4;
+  static constexpr bool kHasCell = false, kSplit = true, kNeedsCPrev = false, kNeedsHPrev = true;
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[3], const acc_t (&gh)[3], acc_t, acc_t h_prev,
+                                       acc_t (&s)[4], acc_t&, acc_t& h) {
+    s[0] = sigmoid<acc_t, M>(gx[0] + gh[0]);
+    s[1] = sigmoid<acc_t, M>(gx[1] + gh[1]);
+    s[3] = gh[2];
+    s[2] = M::tanh(gx[2] + s[0] * s[3]);
+    h = s[2] + s[1] * (h_prev - s[2]);
+  }
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t&, const acc_t (&s)[4], acc_t, acc_t, acc_t h_prev,
+                                        acc_t (&dg)[4], acc_t& dh_prev) {
+    const acc_t r = s[0], z = s[1], n = s[2], hn = s[3];
+    const acc_t dn = dh * (acc_t(1) - z) * (acc_t(1) - n * n);  // dL/d(pre-activation of n), x side
+    dg[0] = dn * hn * r * (acc_t(1) - r);
+    dg[1] = dh * (h_prev - n) * z * (acc_t(1) - z);
+    dg[2] = dn * r;  // h side: W_hn h + b_hn is scaled by r
+    dg[3] = dn;
+    dh_prev = dh * z;
+  }
+};
+
+// Reads (writes) the N blocks of one unit from (to) memory laid out as N blocks of H.
+template <int N, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void load_blocks(const scalar_t* p, int64_t H, acc_t (&v)[N]) {
+LLTM_UNROLL
+  for (int q = 0; q < N; ++q) v[q] = acc_t(p[q * H]);
+}
+
+template <int N, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void store_blocks(scalar_t* p, int64_t H, const acc_t (&v)[N]) {
+LLTM_UNROLL
+  for (int q = 0; q < N; ++q) p[q * H] = scalar_t(v[q]);
+}
+
+// Variable lengths, the rule every device follows: row b runs the steps t < lengths[b] (all of them when
+// there are no lengths). At a later step it keeps h and c, writes a zero output (and its carried c to
+// `cells`), and its gates get no gradient; dL/dh and dL/dc pass through it unchanged.
+LLTM_HOST_DEVICE bool running(const int64_t* lengths, int64_t b, int64_t t) { return lengths == nullptr || t < lengths[b]; }
+
+// One (row, unit) forward step under that rule, on values: gx, gh the x- and h-side pre-activations; c, h
+// the running state, updated (kept by a finished row); s: the activations to save (zeros for a finished
+// row, so that every output of the op is defined). Returns the step's output (zero for a finished row).
+template <typename Cell, typename M, bool kRun, typename acc_t>
+LLTM_HOST_DEVICE acc_t forward_values(const acc_t (&gx)[Cell::kGates], const acc_t (&gh)[Cell::kGates], acc_t& c,
+                                      acc_t& h, acc_t (&s)[Cell::kSaved]) {
+  if constexpr (kRun) {
+    acc_t c_new = c, h_new;
+    Cell::template forward<acc_t, M>(gx, gh, c, h, s, c_new, h_new);
+    c = c_new;
+    h = h_new;
+    return h;
+  } else {
+LLTM_UNROLL
+    for (int q = 0; q < Cell::kSaved; ++q) s[q] = acc_t(0);
+    return acc_t(0);
+  }
+}
+
+// The same step on memory (kRun a template argument, so that the CPU's loops over units stay branch-free;
+// the overload after it takes it at run time). gx: G blocks of stride H; saved: kSaved blocks of stride H
+// (may be gx itself: read before written); output, cell_out: this step's slots (cell_out: cells with c).
+template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void forward_step(const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
+                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H) {
+  acc_t x[Cell::kGates], s[Cell::kSaved];
+  if constexpr (kRun) load_blocks(gx, H, x);
+  *output = scalar_t(forward_values<Cell, M, kRun>(x, gh, c, h, s));
+  store_blocks(saved, H, s);
+  if constexpr (Cell::kHasCell) *cell_out = scalar_t(c);
+}
+
+template <typename Cell, typename M, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
+                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H) {
+  if (run) {
+    forward_step<Cell, M, true>(gx, gh, c, h, saved, output, cell_out, H);
+  } else {
+    forward_step<Cell, M, false>(gx, gh, c, h, saved, output, cell_out, H);
+  }
+}
+
+// One (row, unit) backward step under that rule, on values. dh_later: dL/dh_t from the steps after t;
+// d_out: dL/dh_t through this step's output (it counts only while the row runs: a finished row outputs a
+// constant zero); dc: as in the cells' backward; s: the step's saved activations; c, c_prev, h_prev: as
+// the cell needs them (kNeedsCPrev, kNeedsHPrev). Writes the gate gradients dg (zero for a finished row)
+// and returns the part of dL/dh_{t-1} that does not go through W_hh.
+template <typename Cell, typename M, bool kRun, typename acc_t>
+LLTM_HOST_DEVICE acc_t backward_values(acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved], acc_t c,
+                                       acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks]) {
+  acc_t dh_prev = dh_later;  // a finished row: h_t is h_{t-1}
+  if constexpr (kRun) {
+    Cell::template backward<acc_t, M>(dh_later + d_out, dc, s, c, c_prev, h_prev, dg, dh_prev);
+  } else {
+LLTM_UNROLL
+    for (int q = 0; q < Cell::kGradBlocks; ++q) dg[q] = acc_t(0);
+  }
+  return dh_prev;
+}
+
+template <typename Cell, typename M, typename acc_t>
+LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved],
+                                       acc_t c, acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks]) {
+  return run ? backward_values<Cell, M, true>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg)
+             : backward_values<Cell, M, false>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg);
+}
+
+// The same step on memory: saved (kSaved blocks of stride H) read, the gate gradients stored to `grad`
+// (kGradBlocks blocks of stride H) and left in dg.
+template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
+                                     acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
+                                     int64_t H) {
+  acc_t s[Cell::kSaved];
+  if constexpr (kRun) load_blocks(saved, H, s);
+  const acc_t dh_prev = backward_values<Cell, M, kRun>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg);
+  store_blocks(grad, H, dg);
+  return dh_prev;
+}
+
+template <typename Cell, typename M, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE acc_t backward_step(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
+                                     acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
+                                     int64_t H) {
+  return run ? backward_step<Cell, M, true>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H)
+             : backward_step<Cell, M, false>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H);
+}
+
+}  // namespace lltm

@@ -1,0 +1,250 @@
+"""Multi-layer, optionally bidirectional recurrent layers with ``torch.nn.LSTM``'s API, one class per cell
+(:class:`LLTM`, :class:`LSTM`, :class:`GRU`) over one shared implementation (:class:`RecurrentLayers`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from .. import validation as v
+from ..functional import rnn_layer
+from ..ops.cells import GRU as GRU_CELL
+from ..ops.cells import LLTM as LLTM_CELL
+from ..ops.cells import LSTM as LSTM_CELL
+from ..ops.cells import CellSpec
+from ._params import BackendMixin, make_weights, reset_uniform
+
+
+class RecurrentLayers(BackendMixin, nn.Module):
+    """Stacked layers of one cell over sequences; the layering, directions and packing of every cell.
+
+    Subclasses set ``cell`` (a :class:`~lltm_train.ops.cells.CellSpec`). See :class:`LSTM` for the
+    arguments, shapes and errors.
+    """
+
+    cell: CellSpec
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            v.positive_int(owner, name, value)
+        for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
+            v.flag(owner, name, value)
+        dropout = v.probability(owner, "dropout", dropout)
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(f"{owner}: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional, self.backend = bidirectional, backend
+        factory = {"device": device, "dtype": dtype}
+        for layer in range(num_layers):
+            layer_input = input_size if layer == 0 else hidden_size * self.num_directions
+            for suffix in self._suffixes(layer):
+                make_weights(self, self.cell, suffix, layer_input, hidden_size, bias, factory)
+        self.reset_parameters()
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def _suffixes(self, layer: int) -> list[str]:
+        return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
+
+    def _weights(self, suffix: str) -> list[Tensor | None]:
+        names = ("weight_ih", "weight_hh", *self.cell.biases)
+        return [getattr(self, f"{name}{suffix}") for name in names]
+
+    def reset_parameters(self) -> None:
+        reset_uniform(self, self.hidden_size)
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)}"
+        return s + f", backend={self.backend!r}"
+
+    def forward(self, input: Tensor | PackedSequence, hx=None):
+        owner = type(self).__name__
+        packed = isinstance(input, PackedSequence)
+        unbatched, lengths = False, None
+        if packed:
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            if not isinstance(data, Tensor) or data.dim() != 2 or data.shape[-1] != self.input_size:
+                shape = tuple(data.shape) if isinstance(data, Tensor) else type(data).__name__
+                raise ValueError(f"{owner}: expected packed data of shape (N, input_size) with input_size={self.input_size}, "
+                                 f"got {shape}")
+            _check_batch_sizes(owner, batch_sizes, data.shape[0])
+            for name, index in (("sorted_indices", sorted_indices), ("unsorted_indices", unsorted_indices)):
+                if index is not None and (index.dim() != 1 or index.numel() != int(batch_sizes[0])):
+                    raise ValueError(f"{owner}: the PackedSequence's {name} must hold one index per sequence "
+                                     f"({int(batch_sizes[0])}), got shape {tuple(index.shape)}")
+            x, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))  # sorted order, time-major
+        else:
+            self._check_features(input, "(T, B, input_size), (B, T, input_size) if batch_first, or (T, input_size)", 3)
+            unbatched = input.dim() == 2
+            x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first else input)
+        state0 = self._initial_state(hx, x, x.shape[1], unbatched)
+        if packed and sorted_indices is not None:
+            state0 = tuple(s.index_select(1, sorted_indices) for s in state0)
+        reverse = _reverse_index(lengths, x.shape[0], x.device) if self.bidirectional else None
+
+        finals: list[list[Tensor]] = [[] for _ in self.cell.states]
+        for layer in range(self.num_layers):
+            directions = []
+            for d, suffix in enumerate(self._suffixes(layer)):
+                k = layer * self.num_directions + d
+                x_d = x if d == 0 else _reversed(x, reverse)
+                out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *self._weights(suffix),
+                                       lengths=lengths, backend=self.backend)
+                directions.append(out if d == 0 else _reversed(out, reverse))
+                for final, s in zip(finals, state):
+                    final.append(s)
+            x = torch.cat(directions, -1) if self.bidirectional else directions[0]
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, training=True)
+        state_n = tuple(torch.stack(f) for f in finals)
+
+        if packed:
+            out = pack_padded_sequence(x, lengths).data
+            if unsorted_indices is not None:
+                state_n = tuple(s.index_select(1, unsorted_indices) for s in state_n)
+            return PackedSequence(out, batch_sizes, sorted_indices, unsorted_indices), _as_hx(self.cell, state_n)
+        if unbatched:
+            return x.squeeze(1), _as_hx(self.cell, tuple(s.squeeze(1) for s in state_n))
+        return (x.transpose(0, 1) if self.batch_first else x), _as_hx(self.cell, state_n)
+
+    def _check_features(self, x: Tensor, layout: str, max_dim: int) -> None:
+        if not isinstance(x, Tensor) or x.dim() not in (max_dim - 1, max_dim) or x.shape[-1] != self.input_size:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{type(self).__name__}: expected input of shape {layout} with input_size={self.input_size}, "
+                             f"got {shape}")
+
+    def _initial_state(self, hx, x: Tensor, batch: int, unbatched: bool) -> tuple[Tensor, ...]:
+        owner, names = type(self).__name__, [f"{s}_0" for s in self.cell.states]
+        shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        if hx is None:
+            zeros = x.new_zeros(shape)
+            return (zeros,) * len(names)
+        if self.cell.has_cell_state:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx):
+                raise ValueError(f"{owner}: hx must be a tuple (h_0, c_0) of two tensors")
+            state = tuple(hx)
+        else:
+            if not isinstance(hx, Tensor):
+                raise ValueError(f"{owner}: hx must be a tensor h_0, got {type(hx).__name__}")
+            state = (hx,)
+        state = tuple(t.unsqueeze(1) for t in state) if unbatched else state
+        for name, t in zip(names, state):
+            if tuple(t.shape) != shape:
+                want = shape[::2] if unbatched else shape
+                got = tuple(t.shape[::2]) if unbatched else tuple(t.shape)
+                raise ValueError(f"{owner}: expected {name} of shape {want} (num_layers * num_directions, batch, "
+                                 f"hidden_size), got {got}")
+        return state
+
+
+def _as_hx(cell: CellSpec, state: tuple[Tensor, ...]):
+    """A state tuple in the cell's public form: (h, c), or h alone."""
+    return state if cell.has_cell_state else state[0]
+
+
+def _check_batch_sizes(owner: str, batch_sizes: Tensor, rows: int) -> None:
+    sizes = batch_sizes.tolist() if batch_sizes.dim() == 1 and batch_sizes.dtype == torch.int64 else [0]
+    if not sizes or min(sizes) < 1 or any(b > a for a, b in zip(sizes, sizes[1:])) or sum(sizes) != rows:
+        raise ValueError(
+            f"{owner}: the PackedSequence is malformed: batch_sizes must be positive, non-increasing and sum to the "
+            f"number of rows ({rows}), got {sizes[:10]}; build it with torch.nn.utils.rnn.pack_padded_sequence"
+        )
+
+
+def _reverse_index(lengths: Tensor | None, T: int, device) -> Tensor | None:
+    """(T, B) time indices that reverse each sequence within its own length (padding stays in place);
+    None when every sequence has length T (then a flip reverses them)."""
+    if lengths is None:
+        return None
+    t = torch.arange(T)[:, None]
+    index = torch.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    return index.to(device)
+
+
+def _reversed(x: Tensor, index: Tensor | None) -> Tensor:
+    """x (T, B, F) with each sequence reversed in time (its own inverse)."""
+    if index is None:
+        return x.flip(0)
+    return x.gather(0, index[:, :, None].expand(-1, -1, x.shape[-1]))
+
+
+_SHAPES = """
+    Shapes (D = 2 if bidirectional else 1, L = num_layers):
+        input: (T, B, input_size), (B, T, input_size) with ``batch_first``, (T, input_size) unbatched, or a
+            :class:`~torch.nn.utils.rnn.PackedSequence`.
+        hx: {hx}, each (D * L, B, H) ((D * L, H) unbatched); default zeros.
+        Returns ``(output, {ret})``: output (T, B, D * H) (or packed), {ret} (D * L, B, H).
+        For packed input the final state holds each sequence's state at its own last step; each layer and
+        direction is one kernel call over the padded batch, with per-sequence lengths inside the kernel.
+
+    Raises:
+        ValueError: bad sizes or arguments, an input or state of the wrong shape, or a backend the cell
+            does not have.
+    """
+
+
+class LLTM(RecurrentLayers):
+    """Stacked LLTM layers over sequences, a drop-in for ``torch.nn.LSTM`` (without ``proj_size``).
+
+    Args:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional: as ``torch.nn.LSTM``
+            (dropout applies to the outputs of every layer but the last, in training mode).
+        backend: ``auto``, ``python``, ``cpp`` or ``cuda`` (:mod:`lltm_train.backends`); settable later.
+
+    Parameters, for layer k and each direction (``_reverse`` suffix for the backward one):
+    ``weight_ih_l{k}`` (3H, input_size or D * H), ``weight_hh_l{k}`` (3H, H), ``bias_l{k}`` (3H), gate order
+    (input, output, candidate). One layout for every backend, so a state dict moves between backends and
+    devices unchanged.
+    """
+
+    cell = LLTM_CELL
+
+
+class LSTM(RecurrentLayers):
+    """Stacked LSTM layers, with ``torch.nn.LSTM``'s math, arguments, parameters and results (no ``proj_size``).
+
+    Args:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional: as ``torch.nn.LSTM``
+            (dropout applies to the outputs of every layer but the last, in training mode).
+        backend: ``auto`` (the fused kernels of the device), ``python``, ``cpp``, ``cuda`` or ``torch``
+            (PyTorch's own LSTM, cuDNN or oneDNN; :mod:`lltm_train.backends`); settable later.
+
+    Parameters: ``torch.nn.LSTM``'s names and shapes (``weight_ih_l{k}`` (4H, input_size or D * H),
+    ``weight_hh_l{k}`` (4H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (4H), ``_reverse`` for the backward
+    direction; gates i, f, g, o), so ``load_state_dict`` works both ways with ``torch.nn.LSTM``.
+    """
+
+    cell = LSTM_CELL
+
+
+class GRU(RecurrentLayers):
+    """Stacked GRU layers, with ``torch.nn.GRU``'s math, arguments, parameters and results.
+
+    Args:
+        As :class:`LSTM`.
+
+    Parameters: ``torch.nn.GRU``'s names and shapes (``weight_ih_l{k}`` (3H, input_size or D * H),
+    ``weight_hh_l{k}`` (3H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (3H); gates r, z, n), so
+    ``load_state_dict`` works both ways with ``torch.nn.GRU``.
+    """
+
+    cell = GRU_CELL
+
+
+LLTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
+LSTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
+GRU.__doc__ += _SHAPES.format(hx="``h_0``", ret="h_n")
