@@ -188,3 +188,49 @@ def test_compile_fullgraph_with_lengths():
 
     lengths = torch.tensor([3, 1])
     assert torch.compile(f, fullgraph=True, backend="aot_eager")(x, lengths).item() == pytest.approx(f(x, lengths).item())
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
+def test_bad_input_to_the_lstm_and_gru_is_named(backend):
+    from lltm_train.functional import gru_layer, lstm_layer
+
+    x, h, c = torch.randn(3, 2, 4), torch.zeros(2, 5), torch.zeros(2, 5)
+    w = {"lstm": (torch.randn(20, 4), torch.randn(20, 5)), "gru": (torch.randn(15, 4), torch.randn(15, 5))}
+    with pytest.raises(ValueError, match=r"lstm_layer: expected weight_ih of shape \(20, 4\)"):
+        lstm_layer(x, (h, c), w["lstm"][0][:, :3], w["lstm"][1], backend=backend)
+    with pytest.raises(ValueError, match=r"weight_hh of shape \(4 \* hidden_size, hidden_size\)"):
+        lstm_layer(x, (h, c), w["lstm"][0], w["lstm"][1][:15], backend=backend)
+    with pytest.raises(ValueError, match=r"gru_layer: expected bias_hh of shape \(15,\)"):
+        gru_layer(x, h, *w["gru"], torch.zeros(15), torch.zeros(12), backend=backend)
+    with pytest.raises(TypeError, match="gru_layer: hx must be a tensor h or None, got tuple"):
+        gru_layer(x, (h, c), *w["gru"], backend=backend)
+    with pytest.raises(TypeError, match=r"lstm_layer: hx must be a tuple \(h, c\)"):
+        lstm_layer(x, h, *w["lstm"], backend=backend)
+    with pytest.raises(TypeError, match="bias_ih has dtype torch.float64 but input has torch.float32"):
+        gru_layer(x, h, *w["gru"], torch.zeros(15, dtype=torch.float64), backend=backend)
+
+
+def test_raw_lstm_and_gru_ops_check_their_arguments():
+    assert lltm_train.ops.load()
+    x, h = torch.randn(3, 2, 4), torch.zeros(2, 5)
+    with pytest.raises(RuntimeError, match=r"lltm.lstm_layer_forward: expected weight_ih of shape \(4 \* hidden_size, "
+                                           r"input_size\) = \[20, 4\]"):
+        torch.ops.lltm.lstm_layer_forward(x, h, h, torch.randn(20, 3), torch.randn(20, 5), None, None, None)
+    with pytest.raises(RuntimeError, match=r"lltm.gru_layer_forward: expected bias_hh of shape \(3 \* hidden_size\)"):
+        torch.ops.lltm.gru_layer_forward(x, h, torch.randn(15, 4), torch.randn(15, 5), None, torch.zeros(14), None)
+    with pytest.raises(RuntimeError, match=r"lengths\[0\] = 4 is outside \[0, T = 3\]"):
+        torch.ops.lltm.gru_layer_forward(x, h, torch.randn(15, 4), torch.randn(15, 5), None, None, torch.tensor([4, 1]))
+    out, h_n, act = torch.ops.lltm.gru_layer_forward(x, h, torch.randn(15, 4), torch.randn(15, 5), None, None, None)
+    with pytest.raises(RuntimeError, match="expected activations of shape"):
+        torch.ops.lltm.gru_layer_backward(out, None, x, h, torch.randn(15, 4), torch.randn(15, 5), out, act[:, :, :15], None)
+    with pytest.raises(RuntimeError, match=r"lltm.lstm_layer_backward: expected c0 of shape"):
+        torch.ops.lltm.lstm_layer_backward(None, None, None, x, h, h[:1], torch.randn(20, 4), torch.randn(20, 5),
+                                           out, out, torch.zeros(3, 2, 20), None)
+
+
+def test_the_torch_backend_is_for_the_lstm_and_gru_only():
+    with pytest.raises(ValueError, match="PyTorch has no LLTM"):
+        lltm_layer(*params(), backend="torch")
+    with pytest.raises(ValueError, match="PyTorch has no LLTM"):
+        lltm_train.backends.resolve_backend("torch", "cpu", "lltm")
+    assert lltm_train.backends.resolve_backend("torch", "cpu", "gru") == "torch"

@@ -7,46 +7,48 @@ import torch
 from torch.testing import assert_close
 
 import lltm_train
-from lltm_train.functional import lltm_layer
+from conftest import layer_args
+from lltm_train.functional import rnn_layer
 from lltm_train.ops import _extension
+from lltm_train.ops.cells import GRU, LLTM, LSTM
 
 
-def _params(device, T=5, B=3, I=4, H=6, dtype=torch.float32):
-    kw = dict(device=device, dtype=dtype)
-    return (torch.randn(T, B, I, **kw, requires_grad=True), torch.randn(3 * H, I, **kw, requires_grad=True),
-            torch.randn(3 * H, H, **kw, requires_grad=True), torch.randn(3 * H, **kw, requires_grad=True))
+def _params(cell, device, T=5, B=3, I=4, H=6, dtype=torch.float32):
+    p = layer_args(cell, T, B, I, H, device, dtype=dtype)
+    return (p["input"], p["weight_ih"], p["weight_hh"], *p["biases"])
 
 
-def test_torch_compile_fullgraph_matches_eager(device_backend):
+def test_torch_compile_fullgraph_matches_eager(device_backend, cell):
     device, backend = device_backend
     torch._dynamo.reset()
-    x, w_ih, w_hh, b = _params(device)
+    args = _params(cell, device)
 
-    def f(x, w_ih, w_hh, b):
-        out, (h_n, c_n) = lltm_layer(x, None, w_ih, w_hh, b, backend=backend)
-        return out.sum() + h_n.pow(2).sum() + c_n.sum()
+    def f(x, *weights):
+        out, state = rnn_layer(cell, x, None, *weights, backend=backend)
+        return out.sum() + state[0].pow(2).sum() + state[-1].sum()
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    eager_loss = f(x, w_ih, w_hh, b)
-    eager_grads = torch.autograd.grad(eager_loss, (x, w_ih, w_hh, b))
-    loss = compiled(x, w_ih, w_hh, b)
-    grads = torch.autograd.grad(loss, (x, w_ih, w_hh, b))
+    eager_loss = f(*args)
+    eager_grads = torch.autograd.grad(eager_loss, args)
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args)
     assert_close(loss, eager_loss)
     for g, e in zip(grads, eager_grads):
         assert_close(g, e)
 
 
-def test_torch_compile_inductor_runs_the_custom_op(device_backend):
+def test_torch_compile_inductor_runs_the_custom_op(device_backend, cell):
     device, backend = device_backend
     torch._dynamo.reset()
-    x, w_ih, w_hh, b = _params(device)
+    x, *weights = _params(cell, device)
 
     @torch.compile(fullgraph=True)
     def f(x):
-        out, _ = lltm_layer(torch.tanh(x), None, w_ih, w_hh, b, backend=backend)
+        out, _ = rnn_layer(cell, torch.tanh(x), None, *weights, backend=backend)
         return out * 2
 
-    assert_close(f(x), lltm_layer(torch.tanh(x), None, w_ih, w_hh, b, backend="python")[0] * 2, rtol=1e-5, atol=1e-5)
+    want = rnn_layer(cell, torch.tanh(x), None, *weights, backend="python")[0] * 2
+    assert_close(f(x), want, rtol=1e-5, atol=1e-5)
 
 
 class RawLayer(torch.nn.Module):
@@ -57,20 +59,36 @@ class RawLayer(torch.nn.Module):
         return out, h_n, c_n
 
 
+class RawGRU(torch.nn.Module):
+    def forward(self, x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor,
+                b_hh: torch.Tensor):
+        out, h_n, activations = torch.ops.lltm.gru_layer_forward(x, h, w_ih, w_hh, b_ih, b_hh, None)
+        return out, h_n
+
+
+class RawLSTM(torch.nn.Module):
+    def forward(self, x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor,
+                b_hh: torch.Tensor):
+        out, h_n, c_n, cells, activations = torch.ops.lltm.lstm_layer_forward(x, h, h, w_ih, w_hh, b_ih, b_hh, None)
+        return out, h_n, c_n
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript is deprecated upstream, still supported
-def test_torchscript_script_and_trace_round_trip(tmp_path):
+@pytest.mark.parametrize("module, cell", [(RawLayer, LLTM), (RawLSTM, LSTM), (RawGRU, GRU)], ids=["lltm", "lstm", "gru"])
+def test_torchscript_script_and_trace_round_trip(tmp_path, module, cell):
     assert lltm_train.ops.load()
-    x, w_ih, w_hh, b = (t.detach() for t in _params("cpu"))
+    x, w_ih, w_hh, *biases = (t.detach() for t in _params(cell, "cpu"))
     h = torch.zeros(3, 6)
-    args = (x, h, w_ih, w_hh, b)
-    want = RawLayer()(*args)
-    for module, name in ((torch.jit.script(RawLayer()), "scripted.pt"), (torch.jit.trace(RawLayer(), args), "traced.pt")):
-        torch.jit.save(module, str(tmp_path / name))
+    args = (x, h, w_ih, w_hh, *biases)
+    want = module()(*args)
+    for scripted, name in ((torch.jit.script(module()), "scripted.pt"), (torch.jit.trace(module(), args), "traced.pt")):
+        torch.jit.save(scripted, str(tmp_path / name))
         loaded = torch.jit.load(str(tmp_path / name))
-        assert "lltm::layer_forward" in str(loaded.inlined_graph)
+        assert f"lltm::{cell.forward_op}" in str(loaded.inlined_graph)
         for got, w in zip(loaded(*args), want):
             assert_close(got, w)
-    assert_close(want[0], lltm_layer(x, (h, h), w_ih, w_hh, b, backend="python")[0])
+    state = (h, h) if cell.has_cell_state else (h,)
+    assert_close(want[0], rnn_layer(cell, x, state, w_ih, w_hh, *biases, backend="python")[0])
 
 
 def test_jit_build_takes_a_lock_and_clears_a_stale_one(tmp_path, monkeypatch):
@@ -134,8 +152,8 @@ def test_missing_sources_and_module_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_setup_and_the_jit_build_compile_the_same_sources():
-    """setup.py reads the JIT build's source and flag lists, so the two builds cannot drift apart."""
-    import runpy
+    """setup.py and CMakeLists.txt read the JIT build's source and flag lists (so the builds cannot drift
+    apart), and those lists name every source file in csrc/ exactly once."""
     from pathlib import Path
 
     from lltm_train.ops import _build
@@ -143,7 +161,6 @@ def test_setup_and_the_jit_build_compile_the_same_sources():
     root = Path(_extension.__file__).resolve().parents[2]
     assert "_build.py" in (root / "setup.py").read_text() and "_build.py" in (root / "CMakeLists.txt").read_text()
     assert "PYTHON_SOURCES" in (root / "setup.py").read_text()  # the Python module's init: setup.py's build only
-    lists = runpy.run_path(str(root / "lltm_train" / "ops" / "_build.py"))
-    assert lists["CPP_SOURCES"] == _build.CPP_SOURCES and lists["CUDA_SOURCES"] == _build.CUDA_SOURCES
-    for name in _build.CPP_SOURCES + _build.CUDA_SOURCES:
-        assert (root / "csrc" / name).is_file(), name
+    listed = [*_build.CPP_SOURCES, *_build.CUDA_SOURCES, *_build.PYTHON_SOURCES]
+    on_disk = sorted(p.name for p in (root / "csrc").iterdir() if p.suffix in (".cpp", ".cu"))
+    assert sorted(listed) == on_disk

@@ -153,8 +153,10 @@ STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "datase
 
 @pytest.mark.parametrize("settings, killed_at, resumed_from",
                          [(EXACT, 23, 20), pytest.param(EXACT, 43, 40, marks=pytest.mark.slow),
-                          pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow)],
-                         ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch"])
+                          pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow), ([*EXACT, "model.cell=gru"], 23, 20),
+                          pytest.param([*EXACT, "model.cell=lstm"], 23, 20, marks=pytest.mark.slow)],
+                         ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch", "gru, mid-epoch",
+                              "lstm, mid-epoch"])
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, settings, killed_at, resumed_from):
     """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
     the uninterrupted run did (and carries the state it carried): the same loss at every step and the same

@@ -77,12 +77,20 @@ def test_cuda_backend_gives_the_same_first_losses(tmp_path):
 CUDA_RUN = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)])
 
 
-@pytest.mark.parametrize("backend", ["python", "cpp", CUDA_RUN])
-@pytest.mark.parametrize("dataset", ["shakespeare", "japanese_vowels"])
-def test_deterministic_runs_are_identical_bit_for_bit(tmp_path, dataset, backend):
+def _on(backend: str, *values):
+    """A parameter set, marked to run on the GPU machine for the cuda backend."""
+    return pytest.param(*values, marks=CUDA_RUN.marks) if backend == "cuda" else pytest.param(*values)
+
+
+@pytest.mark.parametrize("dataset, backend, cell", [
+    *(_on(b, d, b, "lltm") for d in ("shakespeare", "japanese_vowels") for b in ("python", "cpp", "cuda")),
+    _on("cpp", "shakespeare", "cpp", "lstm"), _on("cpp", "japanese_vowels", "cpp", "gru"),
+    _on("cuda", "shakespeare", "cuda", "gru")])
+def test_deterministic_runs_are_identical_bit_for_bit(tmp_path, dataset, backend, cell):
     """trainer.deterministic=true: two runs of the same config (dropout on) end with the same weights, bit for bit."""
     extra = ["trainer.accelerator=gpu", "float32_matmul_precision=highest"] if backend == "cuda" else []
-    common = [f"dataset={dataset}", *SMALL[dataset], f"backend={backend}", "model.num_layers=2", "model.dropout=0.3",
+    common = [f"dataset={dataset}", *SMALL[dataset], f"backend={backend}", f"model.cell={cell}", "model.num_layers=2",
+              "model.dropout=0.3",
               "trainer.deterministic=true", "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
               *extra]
     weights = []
