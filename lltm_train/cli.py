@@ -36,6 +36,7 @@ _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointE
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
 _failed_jobs: dict[str, str] = {}  # job directory -> error, of a sweep's failed jobs (here and in FailedJobs)
+_diverged_jobs: dict[str, str] = {}  # job directory -> why, of the jobs that diverged and went on (diverged.txt)
 _started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
@@ -173,6 +174,9 @@ class FailedJobs(Callback):
         for error in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/error.txt")):
             if error.stat().st_mtime >= _started:
                 _failed_jobs.setdefault(str(error.parent), (error.read_text().splitlines() or [""])[0])
+        for note in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/diverged.txt")):
+            if note.stat().st_mtime >= _started and str(note.parent) not in _failed_jobs:
+                _diverged_jobs[str(note.parent)] = (note.read_text().splitlines() or [""])[0]
 
 
 def _optimising_sweeper() -> bool:
@@ -299,6 +303,9 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _run()
+        if _diverged_jobs:
+            print(f"lltm-train: {len(_diverged_jobs)} job(s) of the sweep diverged (their diverged.txt says how): "
+                  + "; ".join(f"{job}: {why}" for job, why in _diverged_jobs.items()), file=sys.stderr)
         if _failed_jobs:
             print(f"lltm-train: {len(_failed_jobs)} job(s) of the sweep failed (their error.txt says why): "
                   + "; ".join(f"{job}: {message}" for job, message in _failed_jobs.items()), file=sys.stderr)

@@ -89,7 +89,11 @@ def read_run(path: Path) -> Run:
             run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
     max_steps = (config.get("trainer") or {}).get("max_steps")
     last_step = max((s for c in run.curves.values() for s, _, _ in c), default=None)
-    if (path / "error.txt").is_file():
+    if (path / "diverged.txt").is_file():  # model.divergence: warn (it finished) or stop (it also failed)
+        first = (path / "diverged.txt").read_text().splitlines()[:1]
+        stopped = (path / "error.txt").is_file()
+        run.status = ("diverged, stopped: " if stopped else "diverged: ") + (first[0] if first else "")
+    elif (path / "error.txt").is_file():
         first = (path / "error.txt").read_text().splitlines()[:1]
         run.status = "failed: " + (first[0][:80] if first else "")
     elif not run.curves and "logger" in config and not config["logger"]:

@@ -199,7 +199,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except Exception:
         for logger in tensorboards:
             end_run(logger, success=False)
+        _record_divergence(task, trainer, output_dir)
         raise
+    _record_divergence(task, trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     for logger in tensorboards:
         end_run(logger, success=not trainer.interrupted)
@@ -222,6 +224,13 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
             log.warning(f"lltm-train: the best checkpoint {best} is gone; testing the final weights")
             best = ""
         trainer.test(task, datamodule=datamodule, ckpt_path=best or None)
+
+
+def _record_divergence(task: LLTMTask, trainer: L.Trainer, output_dir: Path) -> None:
+    """``diverged.txt`` in the run's folder when the run diverged (model.divergence): one line, the reason,
+    which lltm-report and a sweep's summary read."""
+    if task.diverged and trainer.is_global_zero:
+        (output_dir / "diverged.txt").write_text(f"{task.diverged} (model.divergence={task.divergence})\n")
 
 
 def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> None:

@@ -285,3 +285,46 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
         _prepare(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))
+
+
+DIVERGING = ["dataset=shakespeare", "dataset.seq_len=32", "dataset.batch_size=16", "model.hidden_size=32",
+             "model.cell=gru", "model.optimizer.lr=20", "trainer.max_steps=150", "trainer.val_check_interval=50",
+             "trainer.log_every_n_steps=10", "trainer.limit_val_batches=2", "model.sample_length=0"]
+
+
+@pytest.mark.parametrize("policy", ["warn", "stop"])
+def test_a_forced_divergence_is_named_under_both_policies(tmp_path, policy, caplog):
+    """lr=20: the losses stay finite (clipping) but far above a uniform guess's; warn goes on and says so,
+    stop ends the run with one line (diverged from the first validation on, it has no best checkpoint to
+    keep); both leave diverged.txt for the report."""
+    from lltm_train.report import read_run, summarise
+    from lltm_train.tasks.base import DivergedError
+
+    cfg = make_cfg(tmp_path, *DIVERGING, f"model.divergence={policy}")
+    if policy == "warn":
+        with caplog.at_level("WARNING", logger="lltm_train"):
+            metrics = train(cfg)
+        assert metrics["train/diverged"] == 1.0
+        assert any("the run diverged by step" in r.getMessage() and "model.divergence=warn" in r.getMessage()
+                   for r in caplog.records)
+        assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 150
+    else:
+        with pytest.raises(DivergedError, match=r"the run diverged by step 50: val/loss .* is above 1.5x a uniform "
+                                                r"guess's \(4.43\d\); stopped \(model.divergence=stop\)"):
+            train(cfg)
+        assert not list((tmp_path / "checkpoints").glob("best-*.ckpt"))  # no best checkpoint of diverged weights
+    note = (tmp_path / "diverged.txt").read_text()
+    assert note.startswith("the run diverged by step") and f"model.divergence={policy}" in note
+    (row,) = summarise([read_run(tmp_path)], "val/loss")
+    assert row["status"].startswith("diverged") and row["rank"] is None
+
+
+@pytest.mark.parametrize("dataset, steps", [("shakespeare", 300), ("adding", 200)])
+def test_a_normal_run_is_never_flagged(tmp_path, dataset, steps):
+    """The default job (shortened: its schedule over 300 steps) and a regression recipe train without a
+    divergence warning."""
+    small = SMALL[dataset] if dataset != "shakespeare" else ["dataset.seq_len=64", "model.hidden_size=64",
+                                                             "model.sample_length=0"]
+    metrics = train(make_cfg(tmp_path, f"dataset={dataset}", *small, f"trainer.max_steps={steps}",
+                             "trainer.val_check_interval=50", "trainer.log_every_n_steps=10", "trainer.limit_val_batches=4"))
+    assert "train/diverged" not in metrics and not (tmp_path / "diverged.txt").exists()

@@ -175,8 +175,11 @@ class TextDataModule(SequenceDataModule):
             self.train_set = TokenStreams(tokens[:n_train], self.batch_size, self.seq_len)  # checks the sizes
             self.test_set = TokenStreams(tokens[n_train : n_train + n_test], self.batch_size, self.seq_len)
             self.val_set = TokenStreams(tokens[n_train + n_test :], self.batch_size, self.seq_len)
-        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), encode=self.encode, decode=self.decode,
-                             stateful=self.stateful)
+        # the trivial predictor: each character's frequency in the training text (its entropy, nats a character)
+        freq = torch.bincount(tokens[:n_train].long(), minlength=len(self.vocab)).double() / n_train
+        unigram = float(-(freq[freq > 0] * freq[freq > 0].log()).sum())
+        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), baseline_loss=unigram, encode=self.encode,
+                             decode=self.decode, stateful=self.stateful)
 
     def collate(self, samples) -> Batch:
         return samples if isinstance(samples, Batch) else super().collate(samples)

@@ -3,11 +3,14 @@ a guard against non-finite gradients, and a lean step (no host synchronisation o
 
 from __future__ import annotations
 
+import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
@@ -17,6 +20,14 @@ from ..data.base import Batch
 
 class NonFiniteError(FloatingPointError):
     """Training stopped on a non-finite loss or gradient (``nonfinite="stop"``)."""
+
+
+class DivergedError(FloatingPointError):
+    """Training stopped on divergence (``divergence="stop"``; see :class:`LLTMTask`)."""
+
+
+DIVERGENCE_FACTOR = 1.5  # "well above": how far above its reference a loss must be to count as divergence
+_warn = rank_zero_only(logging.getLogger("lltm_train").warning)
 
 
 class LLTMTask(L.LightningModule, ABC):
@@ -35,17 +46,35 @@ class LLTMTask(L.LightningModule, ABC):
             ``"skip"``: training goes on. The count of such steps is logged as ``train/skipped_steps``.
             With a fused optimiser (``fused=True``, the default AdamW) the step is skipped on the device,
             with no synchronisation; with others, at the cost of one synchronisation a step.
+        divergence: what a run that diverges does (its losses stay finite but the model is lost; the
+            non-finite policy does not see it). Looked at on logging steps and at each validation, from the
+            losses they read anyway (no host synchronisation of its own). A run has diverged when every
+            training loss logged since the last validation (at least two) is more than
+            ``DIVERGENCE_FACTOR`` (1.5) times the best mean of an earlier validation interval's logged
+            losses (a mean: one lucky batch sets no bar); or when the validation loss is more than 1.5 times
+            ``baseline_loss`` (the trivial predictor's) after it had been below it, or more than 1.5 times
+            the loss of a uniform guess over the classes (:attr:`uniform_loss`, ln C, for the tasks that
+            predict classes). Either way
+            one line says so, ``train/diverged`` is logged (1) and :attr:`diverged` holds the reason;
+            ``"warn"`` goes on, ``"stop"`` ends training with :class:`DivergedError`, whose message names the
+            best checkpoint so far (the validation that finds the divergence saves none).
 
     ``kinds`` names the :class:`~lltm_train.data.TaskSpec` kinds a task trains on.
     """
 
     kinds: tuple[str, ...] = ()
     metric_names: tuple[str, ...] = ("loss",)  # logged as val/<name> and test/<name>
+    uniform_loss: float | None = None  # the loss of a uniform guess over the classes (set by the tasks with classes)
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
-                 baseline_loss: float | None = None, nonfinite: str = "stop") -> None:
+                 baseline_loss: float | None = None, nonfinite: str = "stop", divergence: str = "warn") -> None:
         super().__init__()
         self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
+        self.divergence = v.one_of(type(self).__name__, "divergence", divergence, ("warn", "stop"))
+        self.diverged: str | None = None  # why the run counts as diverged (None: it does not)
+        self._best_train_loss = math.inf  # the lowest mean of the logged training losses of a validation interval
+        self._logged: list[float] = []  # the training losses logged since the last validation
+        self._beat_baseline = False  # has a validation loss been below baseline_loss yet
         self._skipped: Tensor | None = None  # on the device: steps whose gradients were not all finite
         self._skipped_reported = 0  # ... as of the last logging step
         self._skipped_before = 0  # ... in the run this one resumed
@@ -89,12 +118,51 @@ class LLTMTask(L.LightningModule, ABC):
         if self._logs_this_step():
             if not torch.isfinite(loss) and self.nonfinite == "stop":
                 raise NonFiniteError(
-                    f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr or "
-                    "set trainer.gradient_clip_val"
+                    f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr (or "
+                    "trainer.gradient_clip_val)"
                 )
             # the mean over every process's batch (the global batch's loss under DDP): one collective per logging step
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0], sync_dist=True)
+            # a logging step reads the loss anyway; under DDP every process must judge the same mean
+            mean = loss.detach()
+            if self.trainer.world_size > 1:
+                mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+            self._watch_train_loss(float(mean))
         return loss
+
+    def _watch_train_loss(self, value: float) -> None:
+        if math.isfinite(value):
+            self._logged.append(value)
+
+    def _check_divergence(self) -> None:
+        """At the end of a validation during training: the two rules of the ``divergence`` argument."""
+        reason = None
+        if len(self._logged) >= 2 and min(self._logged) > DIVERGENCE_FACTOR * self._best_train_loss:
+            reason = (f"every training loss logged since the last validation was above {DIVERGENCE_FACTOR}x the best "
+                      f"mean of an earlier interval ({self._best_train_loss:.4g})")
+        if self._logged:
+            self._best_train_loss = min(self._best_train_loss, sum(self._logged) / len(self._logged))
+        val = self.loss_metrics["val"].compute() if self.loss_metrics["val"].update_called else None  # every process's
+        if self.baseline_loss is not None and val is not None and math.isfinite(float(val)):
+            if float(val) < self.baseline_loss:
+                self._beat_baseline = True
+            elif self._beat_baseline and float(val) > DIVERGENCE_FACTOR * self.baseline_loss:
+                reason = reason or (f"val/loss {float(val):.4g} is above {DIVERGENCE_FACTOR}x the trivial predictor's "
+                                    f"({self.baseline_loss:.4g}), which it had beaten")
+        if self.uniform_loss is not None and val is not None and float(val) > DIVERGENCE_FACTOR * self.uniform_loss:
+            reason = reason or (f"val/loss {float(val):.4g} is above {DIVERGENCE_FACTOR}x a uniform guess's "
+                                f"({self.uniform_loss:.4g})")
+        self._logged = []
+        if reason is None or self.diverged is not None:
+            return
+        self.diverged = f"the run diverged by step {self.global_step}: {reason}"
+        self.log("train/diverged", 1.0, on_step=False, on_epoch=True, rank_zero_only=True)
+        if self.divergence == "stop":
+            best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
+            kept = f"; the best checkpoint before it is {best}" if best else ""
+            raise DivergedError(f"{self.diverged}; stopped (model.divergence=stop){kept}. Lower model.optimizer.lr")
+        _warn(f"lltm-train: warning: {self.diverged}; going on (model.divergence=warn). Lower model.optimizer.lr, "
+              "or set model.divergence=stop to end such runs")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._log_loss("val", self.step(batch, "val"), batch.x.shape[0])
@@ -115,6 +183,8 @@ class LLTMTask(L.LightningModule, ABC):
             self.log("val/baseline_loss", self.baseline_loss, sync_dist=True)
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.global_step
+            if self.trainer.state.fn == "fit":  # a validation during training (not trainer.validate)
+                self._check_divergence()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         # One pass over the gradients gives the norm to clip by, to log (before clipping) and to guard with.
@@ -148,7 +218,7 @@ class LLTMTask(L.LightningModule, ABC):
             self.log("train/skipped_steps", float(self._report_skipped()), on_step=True, on_epoch=False)
 
     def on_validation_epoch_start(self) -> None:
-        if self.trainer.training and self._skipped is not None:  # no validation of weights a stop would refuse
+        if self.trainer.state.fn == "fit" and self._skipped is not None:  # no validation of weights a stop would refuse
             self._report_skipped()
 
     def on_train_end(self) -> None:

@@ -46,6 +46,7 @@ class LanguageModelTask(LLTMTask):
                  dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,
                  sample_temperature: float, stateful: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.uniform_loss = math.log(output_size)
         self.stateful = v.flag("LanguageModelTask", "stateful", stateful)
         self._carried: dict[str, object] = {}  # split -> the state after its last batch
         self.sample_length = v.non_negative_int("LanguageModelTask", "sample_length", sample_length, 100_000)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,6 +33,7 @@ class ClassificationTask(LLTMTask):
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
                  bidirectional: bool, cell: str, backend: str, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.uniform_loss = math.log(output_size)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = SequenceClassifier(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
                                       bidirectional=bidirectional, cell=cell, backend=backend)
