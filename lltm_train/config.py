@@ -14,6 +14,19 @@ class ConfigError(ValueError):
     """A configuration the run cannot start with; the CLI prints its message as one line."""
 
 
+def _default_lr(cell, hidden_size) -> float:
+    from .tasks.schedule import default_lr
+
+    try:
+        return default_lr(str(cell), hidden_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+# model.optimizer.lr's default: each cell's rule (conf/model/optim/adamw_cosine.yaml)
+OmegaConf.register_new_resolver("lltm_lr", _default_lr, replace=True)
+
+
 def config_dir() -> Path:
     """``conf/`` of a source checkout or editable install, else the copy packaged as ``lltm_train/conf``."""
     here = Path(__file__).resolve().parent

@@ -149,16 +149,30 @@ def _prepare(cfg: DictConfig):
 
 
 def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
-    """Writes last.ckpt when training ends, which may be after the last periodic checkpoint."""
-    if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run:
-        # Saved as at the end of the last step, where Lightning's periodic checkpoints are: its step counter
-        # for loggers has moved on once more since, and a resume would count that step twice.
-        epoch_loop = trainer.fit_loop.epoch_loop
-        epoch_loop._batches_that_stepped -= 1
-        try:
-            trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)
-        finally:
-            epoch_loop._batches_that_stepped += 1
+    """Writes last.ckpt when training ends, which may be after the last periodic checkpoint.
+
+    Lightning's own state at the end of fit says that the epoch is over (also when max_steps ended it part
+    way) and that its step counter for loggers has moved on once more; a resume with a larger max_steps
+    would then start a new epoch and log the last step twice. The file is written as a periodic checkpoint
+    is, at the end of the last step (on_train_batch_end): its epoch under way, its last batch not yet
+    completed. Lightning resumes from that as from any such checkpoint (at an epoch's end too).
+    """
+    if trainer.interrupted or not trainer.state.finished or trainer.fast_dev_run:
+        return
+    ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    loop = ckpt["loops"]["fit_loop"]
+    if loop["epoch_progress"]["current"]["completed"] > loop["epoch_progress"]["current"]["started"] - 1:
+        for counts in (loop["epoch_progress"]["current"], loop["epoch_progress"]["total"]):
+            counts["processed"] -= 1
+            counts["completed"] -= 1
+        ckpt["epoch"] -= 1
+    batches = loop["epoch_loop.batch_progress"]
+    if batches["current"]["completed"] == batches["current"]["processed"]:
+        for counts in (batches["current"], batches["total"]):
+            counts["completed"] -= 1
+    loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    trainer.strategy.save_checkpoint(ckpt, checkpoint_dir / "last.ckpt")
+    trainer.strategy.barrier("lltm_train_final_checkpoint")
 
 
 def _needs_final_validation(trainer: L.Trainer, task: LLTMTask) -> bool:

@@ -35,6 +35,17 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalDuringValidation(L.Callback):
+    """Sends the process a signal during the validation after a given step (at its second batch)."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if trainer.global_step == self.step and batch_idx == 1 and trainer.ckpt_path is None and not trainer.sanity_checking:
+            os.kill(os.getpid(), self.signum)
+
+
 class InfGradientAt(L.Callback):
     """Makes one gradient element infinite at a given step, the loss staying finite."""
 
@@ -241,3 +252,58 @@ def test_the_resume_advice_quotes_a_sweep_jobs_folder_for_hydra_and_the_shell(tm
         [arg] = shlex.split(run_dir_override(run_dir))  # what the shell hands the command
         [override] = OverridesParser.create().parse_overrides([arg])
         assert override.key_or_group == "hydra.run.dir" and override.value() == str(run_dir)
+
+
+# The settings of issue 20: validations every 10 steps, a loss logged at every step.
+DURING_VALIDATION = ["dataset=adding", "dataset.seq_len=20", "model.hidden_size=16", "model.scheduler=null",
+                     "trainer.deterministic=true", "trainer.log_every_n_steps=1", "trainer.val_check_interval=10",
+                     "trainer.num_sanity_val_steps=0", "trainer.max_steps=60", "trainer.accelerator=cpu",
+                     "callbacks.progress_bar.refresh_rate=0", "hydra.run.dir=run"]
+
+
+def _scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_validation_finishes_it_and_resumes_exactly(tmp_path, signum, status):
+    """The validation under way finishes and is logged; the state after it is saved (step 20), and the
+    resumed run logs every step once, validates where the uninterrupted run does, and ends with its weights."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = run(tmp_path / "a", *DURING_VALIDATION)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = run(tmp_path / "b", *DURING_VALIDATION, "+callbacks.sig._target_=test_preemption.SignalDuringValidation",
+                  "+callbacks.sig.step=20", f"+callbacks.sig.signum={int(signum)}")
+    assert stopped.returncode == status, stopped.stderr[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}; the state after step 20 is in" in stopped.stderr
+    assert [s for s, _ in _scalars(tmp_path / "b" / "run", "val/loss")] == [9, 19]  # the interrupted one finished
+    resumed = run(tmp_path / "b", *DURING_VALIDATION, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    assert [s for s, _ in _scalars(b, "train/loss")] == list(range(60))  # no gap, no repeat
+    assert _scalars(b, "train/loss") == _scalars(a, "train/loss")
+    assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
+    weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(tmp_path):
+    """A run ended by max_steps part way through an epoch, resumed with a larger max_steps: the same losses,
+    validations and final weights as one run of the larger max_steps (the end-of-run checkpoint is a
+    checkpoint of a step, not of a finished epoch)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    settings = [o for o in DURING_VALIDATION if not o.startswith("trainer.max_steps")]
+    assert run(tmp_path / "a", *settings, "trainer.max_steps=45").returncode == 0
+    assert run(tmp_path / "b", *settings, "trainer.max_steps=25").returncode == 0
+    extended = run(tmp_path / "b", *settings, "trainer.max_steps=45", "ckpt_path=last")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    assert [s for s, _ in _scalars(b, "train/loss")] == list(range(45))
+    assert _scalars(b, "train/loss") == _scalars(a, "train/loss")
+    assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
+    weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -24,9 +24,11 @@ class StopCheckpoint(Callback):
     """Saves ``<dirpath>/<filename>.ckpt`` when training stops early, so that ``ckpt_path=last`` resumes there.
 
     - SIGTERM or SIGINT: the training step under way finishes, the state after it is saved, one line says
-      where, and the process exits with status 143 or 130 (a second signal stops at once). Lightning alone
-      stops after the step too, but saves nothing and exits with status 0, which a scheduler reads as
-      success; SIGINT would interrupt the step wherever it was.
+      where, and the process exits with status 143 or 130 (a second signal stops at once). A signal during
+      a validation lets the validation finish (its figures are logged, and its checkpoints written) and
+      saves the state after it: the resumed run goes on with the next step, as the uninterrupted run would.
+      Lightning alone stops after the step too, but saves nothing, drops a validation under way and exits
+      with status 0, which a scheduler reads as success; SIGINT would interrupt the step wherever it was.
     - A non-finite loss or gradient (``model.nonfinite=stop``): the state is saved when its weights are still
       finite (the guarded steps were never applied), and the error names the checkpoint.
 
@@ -54,10 +56,9 @@ class StopCheckpoint(Callback):
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
             signal.raise_signal(signum)
             return
+        # Lightning's own SIGTERM notifier is not called: it would cut a validation short (and under DDP run
+        # a collective in this handler); this callback stops the run itself.
         self.received = signal.Signals(signum).name
-        previous = self._previous.get(signum)
-        if signum == signal.SIGTERM and callable(previous) and not self._distributed:
-            previous(signum, frame)  # Lightning's notifier; under DDP it would run a collective in this handler
 
     @property
     def _distributed(self) -> bool:
@@ -72,11 +73,22 @@ class StopCheckpoint(Callback):
         if self.stop_with is not None and self.saved is None:
             self._save(trainer, pl_module)  # the state after this step; the stop comes once its logs are written
 
-    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a validation inside fit, finished: a signal received before or during it stops the run here, with
+        # the state Lightning's own checkpoints at the end of a validation hold (the step done, validated)
+        if trainer.state.fn != "fit" or trainer.sanity_checking or self.saved is not None:
+            return
+        if self.stop_with is None:
+            self.stop_with = self._agree(trainer, pl_module, every_step=True) if self._distributed else self.received
+        if self.stop_with is not None:
+            self._save(trainer, pl_module)
+
+    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule, every_step: bool = False) -> str | None:
         """Under DDP every process must stop at the same step and save there together (saving is
         collective), although a signal may reach one process only, or each at another step. At each logging
-        step (one all processes are at) they share what they received: any signal stops them all."""
-        if trainer.global_step % max(1, trainer.log_every_n_steps):
+        step, and at the end of each validation (places all processes reach), they share what they
+        received: any signal stops them all."""
+        if not every_step and trainer.global_step % max(1, trainer.log_every_n_steps):
             return None
         code = torch.tensor(float({None: 0, "SIGTERM": 1, "SIGINT": 2}[self.received]), device=pl_module.device)
         return (None, "SIGTERM", "SIGINT")[int(trainer.strategy.reduce(code, reduce_op="max"))]
