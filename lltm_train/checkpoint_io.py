@@ -12,6 +12,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from fsspec.implementations.local import LocalFileSystem
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, no permission); the previous file is intact."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO``, except that a checkpoint on a local disk is written to a temporary
     file beside its destination, flushed to the disk (``fsync``) and renamed over it (``os.replace``, atomic
@@ -32,6 +36,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(partial, path)
+        except OSError as exc:
+            kept = f"; the previous {path.name} is intact" if path.is_file() else ""
+            raise CheckpointWriteError(exc.errno, f"cannot write the checkpoint {path}: "
+                                                  f"{exc.strerror or exc}{kept}") from None
+        except RuntimeError as exc:  # torch.save's own writer reports a short write so
+            if "file write failed" not in str(exc) and "unexpected pos" not in str(exc):
+                raise
+            kept = f"; the previous {path.name} is intact" if path.is_file() else ""
+            raise CheckpointWriteError(f"cannot write the checkpoint {path}: the disk is full or failing{kept}") from None
         finally:
             partial.unlink(missing_ok=True)
         directory = os.open(path.parent, os.O_RDONLY)

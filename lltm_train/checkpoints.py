@@ -47,17 +47,21 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
         if not existing:
             raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
                               "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")
-        damaged = []
-        for path in reversed(existing):  # the newest readable one; a damaged file is passed over, with a warning
+        # The furthest readable one, by training step (a best-step*.ckpt may be newer on disk than last.ckpt
+        # and behind it); the newest of equal steps. A damaged file is passed over, with a warning.
+        damaged, readable = [], []
+        for path in existing:
             try:
-                read_checkpoint(path)
+                readable.append((int(read_checkpoint(path).get("global_step", 0)), path))
             except ConfigError as exc:
                 damaged.append(str(exc))
-                continue
-            for message in damaged:
-                warnings.warn(f"ckpt_path=last: {message}; resuming from {path.name} instead", stacklevel=2)
-            return str(path)
-        raise ConfigError(f"ckpt_path=last: no readable checkpoint in {checkpoint_dir}: " + "; ".join(damaged))
+        if not readable:
+            raise ConfigError(f"ckpt_path=last: no readable checkpoint in {checkpoint_dir}: " + "; ".join(damaged))
+        step = max(s for s, _ in readable)
+        path = [p for s, p in readable if s == step][-1]  # (readable is in the order of the files' times)
+        for message in damaged:
+            warnings.warn(f"ckpt_path=last: {message}; resuming from {path.name} (step {step}) instead", stacklevel=2)
+        return str(path)
     path = Path(to_absolute_path(ckpt_path))
     if not path.is_file():
         raise ConfigError(f"ckpt_path: no such checkpoint file: {path}")

@@ -28,11 +28,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from .checkpoint_io import CheckpointWriteError
 from .config import ConfigError, config_dir, hydra_value
 from .report import higher_is_better, short_number
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
-_REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError)
+_REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError, CheckpointWriteError)
 _one_line_errors = True  # False when the user asked for Hydra's full reports (HYDRA_FULL_ERROR)
 _job_started = False
 _failed_jobs: dict[str, str] = {}  # job directory -> error, of a sweep's failed jobs (here and in FailedJobs)
@@ -203,6 +204,10 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 def _fail(exc: BaseException) -> None:
     message = one_line(exc)
+    if "Unable to configure handler 'file'" in message:  # Hydra's log file in a run directory it cannot write
+        cause = exc.__cause__ or exc.__context__
+        message = f"cannot write the run's log file ({cause or message}); check the permissions of hydra.run.dir"
+        exc = ConfigError(message)
     if not message:  # e.g. an assert inside a plugin (Hydra's Optuna sweeper checks its settings so)
         cause = exc.__cause__ or exc.__context__ or exc
         message = f"{type(cause).__name__} without a message; run with HYDRA_FULL_ERROR=1 for the traceback"
@@ -275,14 +280,50 @@ _PATH_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "ckpt_path", "dataset.path")
 
 def _quote_paths(argv: list[str]) -> list[str]:
     """Path settings quoted for Hydra's override grammar when they hold characters it reads, such as the
-    ``=`` of a sweep job's folder (``hydra.run.dir=multirun/x/0_lr=0.1``): the path is meant as written."""
+    ``=`` of a sweep job's folder (``hydra.run.dir=multirun/x/0_lr=0.1``) or a letter outside ASCII: the
+    path is meant as written. In a sweep (``-m``) a comma still separates the values swept, as in every
+    other setting, and each path of the list is quoted on its own."""
+    sweep = bool({"-m", "--multirun"} & set(argv))
     quoted = []
     for arg in argv:
         key, _, value = arg.partition("=")
         if key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"" and "'" not in value:
-            arg = f"{key}={hydra_value(value)}"
+            if sweep and "," in value and not re.match(r"\w+\(", value):  # a list, not choice(...), glob(...)
+                arg = f"{key}=" + ",".join(hydra_value(v) for v in value.split(","))
+            else:
+                arg = f"{key}={hydra_value(value)}"
         quoted.append(arg)
     return quoted
+
+
+_REQUIRED_GROUPS = ("dataset", "model", "trainer", "logger", "callbacks", "paths")
+
+
+def _check_required_groups(argv: list[str]) -> None:
+    """``trainer=null`` (or ``~trainer``) for a group every run needs: one line naming the group and its
+    options, where Hydra would say only that a group override got None (or fail on an interpolation)."""
+    for arg in argv[1:]:
+        key, _, value = arg.partition("=")
+        group = key.lstrip("+")
+        removed = key.startswith("~") and key[1:] in _REQUIRED_GROUPS and not value
+        if removed or (group in _REQUIRED_GROUPS and value.lower() in ("null", "none") and "=" in arg):
+            name = key.lstrip("+~")
+            options = sorted(p.stem for p in (config_dir() / name).glob("*.yaml"))
+            hint = {"logger": "; logger=none trains without a logger",
+                    "callbacks": "; drop one callback with ~callbacks.NAME"}.get(name, "")
+            raise ConfigError(f"{arg}: every run needs the {name} group; choose one of {', '.join(options)}{hint}")
+
+
+def _check_run_dir(argv: list[str]) -> None:
+    """An existing ``hydra.run.dir`` that cannot be written: one line (Hydra fails later, setting up its log
+    file, with "Unable to configure handler 'file'")."""
+    for arg in argv[1:]:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "hydra.run.dir" and value:
+            path = Path(value.strip("'\""))
+            if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+                raise ConfigError(f"cannot write the run directory {path} (permission denied); choose another "
+                                  "hydra.run.dir")
 
 
 def main() -> None:
@@ -302,6 +343,8 @@ def main() -> None:
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        _check_required_groups(sys.argv)
+        _check_run_dir(sys.argv)
         _run()
         if _diverged_jobs:
             print(f"lltm-train: {len(_diverged_jobs)} job(s) of the sweep diverged (their diverged.txt says how): "

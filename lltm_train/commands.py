@@ -44,6 +44,7 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     """Evaluates a checkpoint on the test split of the data set it was trained on (read from its run's
     ``.hydra/config.yaml``), with any backend, on any device, and prints the metrics."""
     import lightning as L
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -61,7 +62,12 @@ def evaluate_main(argv: list[str] | None = None) -> None:
         config = Path(a.config) if a.config else Path(a.checkpoint).resolve().parent.parent / ".hydra" / "config.yaml"
         if not config.is_file():
             raise ConfigError(f"no run config at {config}: give --config <run>/.hydra/config.yaml")
-        datamodule = instantiate(OmegaConf.load(config).dataset)
+        try:
+            datamodule = instantiate(OmegaConf.load(config).dataset)
+        except InstantiationException as exc:  # e.g. a text file moved since training
+            cause = exc.__cause__ or exc
+            raise ConfigError(f"the data set of {config} cannot be built ({type(cause).__name__}: {cause}); move the "
+                              "data back, or give a config that finds it with --config") from None
         datamodule.setup("test")
         for key, value in ckpt.items():  # the data module's saved state (a text's vocabulary)
             if key == type(datamodule).__qualname__ and isinstance(value, dict):

@@ -17,10 +17,7 @@ class ConfigError(ValueError):
 def _default_lr(cell, hidden_size) -> float:
     from .tasks.schedule import default_lr
 
-    try:
-        return default_lr(str(cell), hidden_size)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return default_lr(str(cell), hidden_size)
 
 
 # model.optimizer.lr's default: each cell's rule (conf/model/optim/adamw_cosine.yaml)
@@ -123,7 +120,7 @@ def check_node(node: DictConfig, key: str) -> None:
 
 def hydra_value(text: str) -> str:
     """``text`` as a value in Hydra's override grammar: as it is when plain, else quoted (``'.../0_lr=0.1'``)."""
-    return text if re.fullmatch(r"[\w./:+-]+", text) else f"'{text}'"
+    return text if re.fullmatch(r"[\w./:+-]+", text, re.ASCII) else f"'{text}'"  # the grammar reads ASCII only
 
 
 def known_top_level_keys() -> set[str]:

@@ -81,12 +81,16 @@ def example_inputs(model: nn.Module, T: int = 5, B: int = 3, seed: int = 0) -> t
 
 
 def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Path:
-    """Writes ``model`` to ``out`` in format ``fmt`` (and ``<out>.vocab.json``); returns ``out``."""
+    """Writes ``model`` to ``out`` in format ``fmt`` (and ``<out>.vocab.json``); returns ``out``.
+
+    Raises:
+        ValueError: ``out`` is a directory, or it or its vocabulary file cannot be written (checked first:
+            nothing is left behind).
+    """
     model = model.eval()
     args = example_inputs(model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if vocab is not None:
-        Path(f"{out}.vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    _check_writable(out)
+    _check_writable(Path(f"{out}.vocab.json"))
     with torch.no_grad():
         if fmt == "torchscript":
             with warnings.catch_warnings():  # the Python API's shape checks become constants: the ops check again
@@ -97,6 +101,7 @@ def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Pa
                      "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size,
                                                 "states": num_states(model)})}
             torch.jit.save(traced, str(out), _extra_files=extra)
+            _write_vocab(out, vocab)
             return out
         T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
         program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
@@ -104,7 +109,27 @@ def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Pa
             torch.export.save(program, str(out))
         else:
             torch._inductor.aoti_compile_and_package(program, package_path=str(out))
+    _write_vocab(out, vocab)
     return out
+
+
+def _check_writable(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give the file to write, e.g. {path / 'model.pt'}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink()
+
+
+def _write_vocab(out: Path, vocab: list[str] | None) -> None:
+    if vocab is not None:
+        Path(f"{out}.vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
 
 
 _RELOAD = """

@@ -38,6 +38,10 @@ def load_task(path: str | Path, backend: str = "auto", device: str | torch.devic
         ConfigError: an unreadable checkpoint (one line naming it) or one not written by lltm-train.
         ValueError: an unknown backend, or one that cannot run on ``device``.
     """
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is visible (torch {torch.__version__}"
+                         f"{', a CPU build' if torch.version.cuda is None else ''}); use --device cpu")
     path = Path(path)
     ckpt = read_checkpoint(path)
     cls = _task_class(ckpt, path)
@@ -45,6 +49,7 @@ def load_task(path: str | Path, backend: str = "auto", device: str | torch.devic
     hparams.update(backend=backend, compile=False)
     task = cls(**hparams)
     task.load_state_dict(ckpt["state_dict"])
+    task.trained_steps = int(ckpt.get("global_step", 0))
     return task.to(device).eval(), ckpt
 
 
@@ -75,7 +80,8 @@ def sample(net: torch.nn.Module, prompt: list[int], length: int, temperature: fl
     (``forward(tokens (T, B), state) -> (logits (T, B, V), state)``). The prompt is read once; then each
     step feeds one token and carries the state. Each token is drawn with :func:`torch.multinomial` from
     softmax(logits / temperature), restricted to the ``top_k`` most likely when given, with a CPU
-    generator seeded with ``seed``.
+    generator seeded with ``seed``. The logits are shifted by their maximum before the division, so a
+    temperature small enough to overflow them (1e-300) is greedy decoding rather than NaN.
 
     Raises:
         ValueError: temperature <= 0, top_k < 1, length < 0.
@@ -91,7 +97,8 @@ def sample(net: torch.nn.Module, prompt: list[int], length: int, temperature: fl
     logits, state = net(torch.tensor(prompt, device=device)[:, None], None)
     out: list[int] = []
     for _ in range(length):
-        last = logits[-1, 0].float().cpu() / temperature
+        last = logits[-1, 0].double().cpu()  # double: 1e-300 is a temperature, not 0
+        last = (last - last.max()) / temperature
         if top_k is not None and top_k < last.numel():
             cutoff = torch.topk(last, top_k).values[-1]
             last = last.masked_fill(last < cutoff, float("-inf"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
-# wall_s: seconds from the run's first logged value to its last; tokens_per_s: the mean of its logged windows
+# wall_s: seconds from the start of the run's logging to its last logged value; tokens_per_s: the run's average
 COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
            "peak_cuda_mib", "wall_s", "parameters"]
 
@@ -47,6 +47,7 @@ class Run:
     parameters: int | None = None
     optimized_metric: str | None = None  # the run's config key (what a search optimised; the report's default)
     curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, wall time, value)
+    started: float | None = None  # wall time of the first TensorBoard event (the logger's start)
 
     def curve(self, tag: str) -> list[tuple[int, float, float]]:
         return self.curves.get(tag, [])
@@ -85,6 +86,10 @@ def read_run(path: Path) -> Run:
     if (path / "tensorboard").is_dir():
         acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
+        try:
+            run.started = acc.FirstEventTimestamp()
+        except ValueError:  # no events at all
+            pass
         for tag in acc.Tags().get("scalars", []):
             run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
     max_steps = (config.get("trainer") or {}).get("max_steps")
@@ -95,7 +100,7 @@ def read_run(path: Path) -> Run:
         run.status = ("diverged, stopped: " if stopped else "diverged: ") + (first[0] if first else "")
     elif (path / "error.txt").is_file():
         first = (path / "error.txt").read_text().splitlines()[:1]
-        run.status = "failed: " + (first[0][:80] if first else "")
+        run.status = "failed: " + (_shortened(first[0]) if first else "")
     elif not run.curves and "logger" in config and not config["logger"]:
         run.status = "not logged (logger=none)"
     elif not run.curves:
@@ -103,6 +108,14 @@ def read_run(path: Path) -> Run:
     elif isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps:
         run.status = f"unfinished at step {last_step + 1} of {max_steps} (running, or stopped)"
     return run
+
+
+def _shortened(text: str, limit: int = 100) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return cut + "…"
 
 
 def _changed_keys(runs: list[Run]) -> list[str]:
@@ -144,7 +157,8 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
             "best_step": best[0] if best else None,
             "tokens_per_s": sum(tokens) / len(tokens) if tokens else None,
             "peak_cuda_mib": max(memory) if memory else None,
-            "wall_s": max(times) - min(times) if times else None, "parameters": r.parameters,
+            "wall_s": (max(times) - min(times + ([r.started] if r.started else []))) or None if times else None,
+            "parameters": r.parameters,
         })
     # ranked: the finished runs; then the unfinished and failed ones that logged the metric, then the others
     rows.sort(key=lambda row: (row["status"] != "finished" or row["final"] is None, row["final"] is None,

@@ -231,11 +231,13 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
     if _needs_final_validation(trainer, task):
         trainer.validate(task, datamodule=datamodule, verbose=False)
     if cfg.test:
-        # The best checkpoint, if it is still on disk (a resume from another run's file inherits that run's
-        # best path, which may be gone); else the weights at the end of training.
+        # The best checkpoint of this run, if it is still on disk; else the weights at the end of training.
+        # (A resume from another run's file inherits that run's best path: never this run's to test.)
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if best and not Path(best).is_file():
-            log.warning(f"lltm-train: the best checkpoint {best} is gone; testing the final weights")
+        own = Path(output_dir, "checkpoints").resolve()
+        if best and (not Path(best).is_file() or Path(best).resolve().parent != own):
+            where = "is gone" if not Path(best).is_file() else f"is not this run's (it is in {Path(best).parent})"
+            log.warning(f"lltm-train: the best checkpoint {best} {where}; testing the final weights")
             best = ""
         trainer.test(task, datamodule=datamodule, ckpt_path=best or None)
 

@@ -85,7 +85,10 @@ def test_bad_setting_fails_before_training_with_one_clear_line(tmp_path, overrid
     (["dataset=imagenet"], "Could not find 'dataset/imagenet'"),
     (["trainer.max_steps=abc"], "trainer.max_steps: expected int, got 'abc' (str)"),
     (["hydra.run.dir=/proc/nope"], "/proc/nope"),
-    (["callbacks=null"], "Config group override must be a string or a list"),
+    (["callbacks=null"], "callbacks=null: every run needs the callbacks group; choose one of default; drop one callback"),
+    (["trainer=null"], "trainer=null: every run needs the trainer group; choose one of default"),
+    (["~trainer"], "~trainer: every run needs the trainer group"),
+    (["logger=null"], "logger=null: every run needs the logger group; choose one of none, tensorboard; logger=none"),
 ])
 def test_the_command_prints_one_line_and_exits_2(tmp_path, overrides, message):
     result = lltm_train(tmp_path, *overrides)
@@ -215,3 +218,34 @@ def test_the_search_maximises_accuracies_and_minimises_the_rest(tmp_path):
             cfg = compose("config", overrides=["hparams_search=lm_optuna", f"optimized_metric={metric}"],
                           return_hydra_config=True)
             assert cfg.hydra.sweeper.direction == direction
+
+
+def test_a_comma_list_of_paths_is_a_sweep_and_paths_may_be_any_unicode(tmp_path):
+    for name in ("small.txt", "édge.txt"):
+        (tmp_path / name).write_text("the quick brown fox jumps over a lazy dog. " * 40)
+    tiny = ["dataset=text", "dataset.seq_len=16", "model.hidden_size=8", "model.embedding_dim=4", "model.sample_length=0",
+            "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+            "callbacks.progress_bar.refresh_rate=0", "trainer.accelerator=cpu"]
+    sweep = lltm_train(tmp_path, "-m", *tiny, "dataset.path=small.txt,édge.txt", "hydra.sweep.dir=sw")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    jobs = sorted(p.name for p in (tmp_path / "sw").iterdir() if p.is_dir())
+    assert len(jobs) == 2 and jobs[0].startswith("0_dataset.path=small.txt")
+    single = lltm_train(tmp_path, *tiny, "dataset.path=édge.txt", "hydra.run.dir=runs/café")
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert (tmp_path / "runs" / "café" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    import os
+
+    from lltm_train import cli
+
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).endswith("locked") else real_access(p, mode))
+    monkeypatch.setattr(sys, "argv", ["lltm-train", f"hydra.run.dir={tmp_path / 'locked'}"])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    assert f"lltm-train: error: cannot write the run directory {tmp_path / 'locked'} (permission denied)" in capsys.readouterr().err

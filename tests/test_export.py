@@ -226,3 +226,56 @@ def test_a_checkpoint_moves_between_the_gpu_and_the_cpu(tmp_path):
     assert torch.load(ckpt, weights_only=False)["global_step"] == 4 and math.isfinite(metrics["val/loss"])
     metrics = train(make_cfg(gpu, *common, "backend=cuda", "trainer.accelerator=gpu", "trainer.max_steps=6", f"ckpt_path={ckpt}"))
     assert torch.load(ckpt, weights_only=False)["global_step"] == 6
+
+
+def test_hostile_command_lines_get_one_line_each(checkpoint, tmp_path):
+    """The commands' errors are one line with status 2: a CUDA device on a machine without one, an export
+    to a directory or an unwritable place (nothing left behind), a text moved since training."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "lltm_train.commands", *a], capture_output=True, text=True, timeout=300)
+    export_cmd = lambda *a: subprocess.run([sys.executable, "-m", "lltm_train.export", *a], capture_output=True, text=True,
+                                           timeout=300)
+    results = []
+    if not torch.cuda.is_available():
+        results += [run("generate", str(checkpoint), "--device", "cuda"), run("evaluate", str(checkpoint), "--device", "cuda"),
+                    export_cmd(str(checkpoint), str(tmp_path / "m.pt"), "--device", "cuda")]
+        assert all("--device cuda: no CUDA device is visible" in r.stderr for r in results)
+    (tmp_path / "adir").mkdir()
+    to_dir = export_cmd(str(checkpoint), str(tmp_path / "adir"))
+    assert "is a directory; give the file to write" in to_dir.stderr and not (tmp_path / "adir.vocab.json").exists()
+    unwritable = export_cmd(str(checkpoint), "/proc/nope/m.pt")
+    assert "cannot write /proc/nope/m.pt" in unwritable.stderr
+    results += [to_dir, unwritable]
+    for r in results:
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_moved_text_and_the_step_of_a_checkpoints_sample(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over a lazy dog. " * 100)
+    cfg = make_cfg(tmp_path, "dataset=text", f"dataset.path={text}", "dataset.seq_len=16", "trainer.max_steps=7",
+                   "trainer.val_check_interval=7", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=50")
+    metrics = train(cfg)
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    # the run's final training loss (step 7), not the one of step 0, the last logging step's (log every 50)
+    first = train(make_cfg(tmp_path / "one", "dataset=text", f"dataset.path={text}", "dataset.seq_len=16",
+                           "trainer.max_steps=1", "trainer.val_check_interval=1", "trainer.num_sanity_val_steps=0"))
+    assert metrics["train/loss"] != pytest.approx(first["train/loss"], rel=1e-6)
+    evaluated = subprocess.run([sys.executable, "-m", "lltm_train.commands", "evaluate", str(ckpt), "--split", "val"],
+                               capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0 and "--- sample at step 7 ---" in evaluated.stdout, evaluated.stderr[-2000:]
+    text.rename(tmp_path / "moved.txt")
+    moved = subprocess.run([sys.executable, "-m", "lltm_train.commands", "evaluate", str(ckpt)], capture_output=True,
+                           text=True, timeout=300)
+    assert moved.returncode == 2 and "Traceback" not in moved.stderr
+    assert "cannot be built (FileNotFoundError: TextDataModule: no such text file" in moved.stderr
+
+
+
+def test_a_vanishing_temperature_is_greedy_decoding(checkpoint):
+    task, ckpt = load_task(checkpoint, "cpp")
+    prompt = encode_prompt("the ", vocabulary(ckpt))
+    greedy = sample(task.net, prompt, 20, temperature=1e-300, seed=1)
+    assert greedy == sample(task.net, prompt, 20, temperature=1e-300, seed=2) == sample(task.net, prompt, 20, top_k=1)

@@ -233,7 +233,7 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newe
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # cut short
     with pytest.raises(ConfigError, match=r"^ckpt_path: .*last\.ckpt is not a readable checkpoint \(damaged"):
         _prepare(make_cfg(tmp_path, *common, f"ckpt_path={last}"))
-    with pytest.warns(UserWarning, match=rf"last\.ckpt is not a readable checkpoint .*; resuming from {best.name} instead"):
+    with pytest.warns(UserWarning, match=rf"last\.ckpt is not a readable checkpoint .*; resuming from {best.name} \(step \d+\) instead"):
         *_, ckpt = _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))
     assert ckpt == str(best)
     best.write_bytes(b"")
@@ -307,3 +307,55 @@ def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(tmp_path)
     assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
     weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_last_is_the_furthest_checkpoint_by_step_not_the_newest_file(tmp_path):
+    """A best-step*.ckpt written after last.ckpt (a copy, a touch) but behind it: ckpt_path=last resumes the
+    furthest step; with equal steps, the newest file."""
+    from lltm_train.checkpoints import resolve_checkpoint
+
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    torch.save({"state_dict": {}, "global_step": 25}, directory / "last.ckpt")
+    torch.save({"state_dict": {}, "global_step": 20}, directory / "best-step20.ckpt")
+    os.utime(directory / "last.ckpt", ns=(10**18,) * 2)
+    os.utime(directory / "best-step20.ckpt", ns=(2 * 10**18,) * 2)  # newer on disk
+    assert resolve_checkpoint("last", directory) == str(directory / "last.ckpt")
+    torch.save({"state_dict": {}, "global_step": 25}, directory / "best-step25.ckpt")  # the newest of equal steps
+    assert resolve_checkpoint("last", directory) == str(directory / "best-step25.ckpt")
+
+
+def test_a_resume_from_another_runs_checkpoint_never_tests_that_runs_best(tmp_path, caplog):
+    """test=true after a resume that never validated: the best checkpoint Lightning remembers is the other
+    run's; the final weights of this run are tested instead, and one line says why."""
+    first = [*ADDING, "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    train(make_cfg(tmp_path / "a", *first))
+    other = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    with caplog.at_level("WARNING", logger="lltm_train"):
+        metrics = train(make_cfg(tmp_path / "b", *ADDING, "trainer.max_steps=5", "trainer.val_check_interval=100",
+                                 "trainer.limit_val_batches=0", f"ckpt_path={other}", "test=true"))
+    assert "test/loss" in metrics
+    assert "is not this run's" in caplog.text and "testing the final weights" in caplog.text
+
+
+class FullDiskAt(L.Callback):
+    """From a given step on, every checkpoint write fails part-way, as on a full disk."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            def no_space(obj, f, *args, **kwargs):
+                f.write(b"PK\x03\x04 half")
+                raise OSError(28, "No space left on device")
+            torch.save = no_space
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path):
+    overrides = [*ADDING, "trainer.max_steps=10", "trainer.val_check_interval=3", "hydra.run.dir=run"]
+    result = run(tmp_path, *overrides, "+callbacks.full._target_=test_preemption.FullDiskAt", "+callbacks.full.step=4")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lltm-train: error")]
+    assert len(errors) == 1 and "No space left on device; the previous" in errors[0] and ".ckpt is intact" in errors[0]
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3

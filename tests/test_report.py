@@ -163,3 +163,21 @@ def test_compare_backends_sweeps_every_backend_here_and_every_cell_then_reports(
     assert sorted(r["run"].split("_", 1)[1] for r in rows) == sorted(f"cell_backend={c}_{b}" for c, b in pairs)
     assert all(r["status"] == "finished" for r in rows)
     assert {(r["cell"], r["backend"]) for r in rows} == {(c, "torch.nn" if b == "torch" else b) for c, b in pairs}
+
+
+def test_a_long_failure_is_cut_at_a_word_and_a_short_run_has_a_wall_time(tmp_path):
+    from lltm_train.report import read_run
+
+    failed = tmp_path / "0_failed"
+    (failed / ".hydra").mkdir(parents=True)
+    message = "ValueError: " + " ".join(f"word{i}" for i in range(40))
+    (failed / "error.txt").write_text(message + "\n\nTraceback ...")
+    status = read_run(failed).status
+    assert status.startswith("failed: ValueError: word0") and status.endswith("…") and len(status) <= 110
+    assert status[:-1].rstrip().split()[-1] in message.split()  # a whole word before the ellipsis
+    # a run that logged one point (it stopped at once, as a diverged one does): timed from its logger's start
+    short = tmp_path / "1_short"
+    result = run(tmp_path, *TINY, "trainer.max_steps=1", f"hydra.run.dir={short}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = summarise([read_run(short)], "train/loss")
+    assert row["wall_s"] is not None and row["wall_s"] > 0

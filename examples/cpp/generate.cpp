@@ -3,7 +3,7 @@
 // Samples text from a character model exported with `lltm-export CKPT MODEL.pt --format torchscript`,
 // exactly as lltm-generate (lltm_train/inference.py: sample) does in Python: the prompt is read once, then
 // one token a step with the state carried; each token is drawn by torch::multinomial from
-// softmax(logits / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
+// softmax((logits - max) / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
 // the same seed gives the same text token for token. The vocabulary and the state's size come from the
 // model file's extra files vocab.json and config.json ("states": 2 for (h, c) cells, the LLTM and the
 // LSTM; 1 for the GRU, whose state is h alone).
@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
   auto logits = step(torch::tensor(prompt, torch::kLong).unsqueeze(1));
   std::string text = opt["--prompt"];
   for (int64_t n = 0; n < length; ++n) {
-    auto last = logits[-1][0].to(torch::kFloat) / temperature;
+    auto last = logits[-1][0].to(torch::kDouble);
+    last = (last - last.max()) / temperature;  // as lltm-generate: a tiny temperature is greedy, not NaN
     if (top_k > 0 && top_k < last.numel()) {
       auto cutoff = std::get<0>(torch::topk(last, top_k))[-1];
       last = last.masked_fill(last < cutoff, -std::numeric_limits<float>::infinity());

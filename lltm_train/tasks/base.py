@@ -49,7 +49,7 @@ class LLTMTask(L.LightningModule, ABC):
         divergence: what a run that diverges does (its losses stay finite but the model is lost; the
             non-finite policy does not see it). Looked at on logging steps and at each validation, from the
             losses they read anyway (no host synchronisation of its own). A run has diverged when every
-            training loss logged since the last validation (at least two) is more than
+            training loss logged since the last validation (at least five) is more than
             ``DIVERGENCE_FACTOR`` (1.5) times the best mean of an earlier validation interval's logged
             losses (a mean: one lucky batch sets no bar); or when the validation loss is more than 1.5 times
             ``baseline_loss`` (the trivial predictor's) after it had been below it, or more than 1.5 times
@@ -84,6 +84,7 @@ class LLTMTask(L.LightningModule, ABC):
         self.compile_net = compile
         self.baseline_loss = baseline_loss
         self.last_validated_step = -1
+        self.trained_steps = 0  # the optimiser steps of a checkpoint loaded outside training (lltm_train.inference)
         self.loss_metrics = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
         self.net: nn.Module
 
@@ -108,7 +109,8 @@ class LLTMTask(L.LightningModule, ABC):
         """Whether Lightning writes this training step's logs (and the first step, for the progress bar)."""
         trainer = self.trainer
         return (self.global_step == 0 or bool(trainer.fast_dev_run)
-                or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0)
+                or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0
+                or self.global_step + 1 == trainer.max_steps)  # the last step: the run's final training loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self.step(batch, "train")
@@ -137,7 +139,7 @@ class LLTMTask(L.LightningModule, ABC):
     def _check_divergence(self) -> None:
         """At the end of a validation during training: the two rules of the ``divergence`` argument."""
         reason = None
-        if len(self._logged) >= 2 and min(self._logged) > DIVERGENCE_FACTOR * self._best_train_loss:
+        if len(self._logged) >= 5 and min(self._logged) > DIVERGENCE_FACTOR * self._best_train_loss:
             reason = (f"every training loss logged since the last validation was above {DIVERGENCE_FACTOR}x the best "
                       f"mean of an earlier interval ({self._best_train_loss:.4g})")
         if self._logged:

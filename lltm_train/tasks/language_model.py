@@ -133,17 +133,18 @@ class LanguageModelTask(LLTMTask):
         spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
         if self.sample_length <= 0 or spec is None or spec.decode is None or not self.trainer.is_global_zero:
             return
+        step = self.global_step if self.trainer.state.fn == "fit" else self.trained_steps  # lltm-evaluate: the checkpoint's
         loss = self.trainer.callback_metrics.get("val/loss")
         if loss is not None and not torch.isfinite(loss):  # a diverged model has no distribution to sample from
-            self.print(f"\n--- no sample at step {self.global_step}: val/loss is {float(loss)} ---")
+            self.print(f"\n--- no sample at step {step}: val/loss is {float(loss)} ---")
             return
         prompt = spec.encode("\n") or [0]
-        generator = torch.Generator().manual_seed(self.global_step)
+        generator = torch.Generator().manual_seed(step)
         text = spec.decode(self.net.generate(prompt, self.sample_length, self.sample_temperature, generator))
-        self.print(f"\n--- sample at step {self.global_step} ---\n{text}\n---")
+        self.print(f"\n--- sample at step {step} ---\n{text}\n---")
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text("sample", f"```\n{text}\n```", self.global_step)
+                logger.experiment.add_text("sample", f"```\n{text}\n```", step)
 
 
 def _map(state, fn):

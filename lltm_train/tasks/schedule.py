@@ -9,24 +9,21 @@ from collections.abc import Callable
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-# AdamW's default peak learning rate for each cell at 256 units; it scales as 256 / hidden_size (a wider
-# recurrent matrix takes smaller steps: at 512 units the GRU diverged at the LLTM's 0.008, H200, 2026-12-01).
-# Measured on the default job at 256, 512 and 1024 units for every cell: BENCHMARKS.md, "Learning rates".
+# AdamW's default peak learning rate for each cell at 256 units and below; wider layers scale it by
+# 256 / hidden_size (a wider recurrent matrix takes smaller steps: at 512 units the GRU diverged at the
+# LLTM's 0.008, H200, 2026-12-01). Measured on the default job at 256, 512 and 1024 units for every cell:
+# BENCHMARKS.md, "Learning rates".
 LR_AT_256 = {"lltm": 0.008, "lstm": 0.008, "gru": 0.006}
 
 
 def default_lr(cell: str, hidden_size: int) -> float:
     """The default peak learning rate of ``cell`` at ``hidden_size`` units (``model.optimizer.lr`` when it is
-    not set): ``LR_AT_256[cell] * 256 / hidden_size``, rounded to 3 significant digits.
-
-    Raises:
-        ValueError: an unknown cell or a hidden size below 1.
+    not set): ``LR_AT_256[cell] * min(1, 256 / hidden_size)``, to 3 significant digits. An unknown cell or
+    a size below 1 gets the LLTM's rate: the model then refuses them with its own message.
     """
-    if cell not in LR_AT_256:
-        raise ValueError(f"no default learning rate for cell {cell!r}; set model.optimizer.lr")
-    if not isinstance(hidden_size, int) or hidden_size < 1:
-        raise ValueError(f"model.hidden_size must be a positive integer, got {hidden_size!r}")
-    return float(f"{LR_AT_256[cell] * 256 / hidden_size:.3g}")
+    base = LR_AT_256.get(cell, LR_AT_256["lltm"])
+    scale = 256 / hidden_size if isinstance(hidden_size, int) and hidden_size > 256 else 1.0
+    return float(f"{base * scale:.3g}")
 
 
 def warmup_cosine(optimizer: Optimizer, total_steps: Callable[[], float], warmup_fraction: float = 0.05,
