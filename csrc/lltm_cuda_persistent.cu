@@ -16,8 +16,7 @@
 // Backward step: pointwise backward of the block's own units, then the partial
 // dL/dh_{t-1} (H x 8) = W_own^T (H x G U) . dgates_own^T (G U x 8), scattered to the owners of the units,
 // which add the C partial sums in a fixed order (deterministic).
-// float32 products run in TF32 when allowed (allow_tf32) and otherwise in 3xTF32, which carries about
-// float32's precision (the operands are split in a TF32 high part and a TF32 remainder).
+// float32 runs here only with its products in TF32 (allow_tf32); float32 precision takes the stepped path.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -25,7 +24,9 @@
 #include <c10/util/Half.h>
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <map>
 #include <utility>
@@ -83,53 +84,28 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
 // exchanged vectors, stored in shared memory as [n][k] rows (`smem_t`). Fragment layouts are those of
 // the PTX ISA for mma.m16n8k8 (tf32) and mma.m16n8k16 (bf16, f16).
-template <typename scalar_t, bool kPrecise>
+template <typename scalar_t>
 struct Operand;
 
-template <bool kPrecise>
-struct Operand<float, kPrecise> {
+template <>
+struct Operand<float> {
   static constexpr int KS = 8;
-  static constexpr int kParts = kPrecise ? 2 : 1;  // 3xTF32: high part and remainder
   using smem_t = float;
   struct A {
-    uint32_t r[kParts][4];
+    uint32_t r[4];
   };
   struct B {
-    uint32_t r[kParts][2];
+    uint32_t r[2];
   };
-  static __device__ __forceinline__ void split(float x, uint32_t* parts) {
-    parts[0] = to_tf32(x);
-    if constexpr (kPrecise) parts[1] = to_tf32(x - __uint_as_float(parts[0]));
-  }
   template <typename F>
   static __device__ __forceinline__ A load_a(F at, int gid, int tig) {
-    const float v[4] = {float(at(gid, tig)), float(at(gid + 8, tig)), float(at(gid, tig + 4)),
-                        float(at(gid + 8, tig + 4))};
-    A a;
-    for (int i = 0; i < 4; ++i) {
-      uint32_t parts[2];
-      split(v[i], parts);
-      for (int p = 0; p < kParts; ++p) a.r[p][i] = parts[p];
-    }
-    return a;
+    return {{to_tf32(float(at(gid, tig))), to_tf32(float(at(gid + 8, tig))), to_tf32(float(at(gid, tig + 4))),
+             to_tf32(float(at(gid + 8, tig + 4)))}};
   }
   static __device__ __forceinline__ B load_b(const float* s, int stride, int k0, int gid, int tig) {
-    const float v[2] = {s[gid * stride + k0 + tig], s[gid * stride + k0 + tig + 4]};
-    B b;
-    for (int i = 0; i < 2; ++i) {
-      uint32_t parts[2];
-      split(v[i], parts);
-      for (int p = 0; p < kParts; ++p) b.r[p][i] = parts[p];
-    }
-    return b;
+    return {{to_tf32(s[gid * stride + k0 + tig]), to_tf32(s[gid * stride + k0 + tig + 4])}};
   }
-  static __device__ __forceinline__ void mma(float (&d)[4], const A& a, const B& b) {
-    if constexpr (kPrecise) {  // small products first
-      mma_tf32(d, a.r[1], b.r[0]);
-      mma_tf32(d, a.r[0], b.r[1]);
-    }
-    mma_tf32(d, a.r[0], b.r[0]);
-  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const A& a, const B& b) { mma_tf32(d, a.r, b.r); }
   static __device__ __forceinline__ float to_smem(float x) { return x; }
 };
 
@@ -165,10 +141,10 @@ struct Operand16 {
   static __device__ __forceinline__ scalar_t to_smem(float x) { return scalar_t(x); }
 };
 
-template <bool kPrecise>
-struct Operand<c10::BFloat16, kPrecise> : Operand16<c10::BFloat16> {};
-template <bool kPrecise>
-struct Operand<c10::Half, kPrecise> : Operand16<c10::Half> {};
+template <>
+struct Operand<c10::BFloat16> : Operand16<c10::BFloat16> {};
+template <>
+struct Operand<c10::Half> : Operand16<c10::Half> {};
 
 // Blocks per cluster for a hidden size: 16 or 32 units per block. Clusters of 16 (H = 512) are beyond the
 // portable limit of 8; Hopper allows them once the kernel opts in (allow_cluster below).
@@ -181,9 +157,9 @@ constexpr int padded(int n) {
   return sizeof(smem_t) == 4 ? n + 4 : n + 8;
 }
 
-template <typename Cell, typename scalar_t, int H, bool kPrecise>
+template <typename Cell, typename scalar_t, int H>
 struct ForwardConfig {
-  using Op = Operand<scalar_t, kPrecise>;
+  using Op = Operand<scalar_t>;
   static constexpr int NG = Cell::kGates;     // gates
   static constexpr int C = cluster_size(H);
   static constexpr int U = H / C;            // units per block
@@ -201,9 +177,9 @@ struct ForwardConfig {
   static_assert(H % (16 * C) == 0 && NK % S == 0, "unsupported hidden size");
 };
 
-template <typename Cell, typename scalar_t, int H, bool kPrecise>
+template <typename Cell, typename scalar_t, int H>
 struct BackwardConfig {
-  using Op = Operand<scalar_t, kPrecise>;
+  using Op = Operand<scalar_t>;
   static constexpr int C = cluster_size(H);
   static constexpr int U = H / C;
   static constexpr int WARPS = H / 16;       // one m16 tile of dL/dh per warp
@@ -253,13 +229,13 @@ struct BackwardParams {
   int64_t B;
 };
 
-template <typename Cell, typename scalar_t, int H, bool kPrecise>
-__global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H, kPrecise>::NT, 1)
+template <typename Cell, typename scalar_t, int H>
+__global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     forward_kernel(const ForwardParams<scalar_t> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // thread-block clusters need compute capability 9.0; persistent_supports() says so first
 #else
-  using Cfg = ForwardConfig<Cell, scalar_t, H, kPrecise>;
+  using Cfg = ForwardConfig<Cell, scalar_t, H>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
   constexpr int NG = Cfg::NG, A = Cell::kSaved;
@@ -379,13 +355,13 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H, kPrecise>::NT
 #endif
 }
 
-template <typename Cell, typename scalar_t, int H, bool kPrecise>
-__global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H, kPrecise>::NT, 1)
+template <typename Cell, typename scalar_t, int H>
+__global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     backward_kernel(const BackwardParams<scalar_t> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();
 #else
-  using Cfg = BackwardConfig<Cell, scalar_t, H, kPrecise>;
+  using Cfg = BackwardConfig<Cell, scalar_t, H>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
   constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
@@ -497,15 +473,27 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H, kPrecise>::N
 #endif
 }
 
-// Clusters of more than 8 blocks need the kernel's opt-in (per device; a cheap call).
+// The largest cluster this process may use: LLTM_CUDA_MAX_CLUSTER (e.g. 8, the portable limit) lowers the 16
+// that Hopper allows, as a GPU or driver that refuses larger clusters would (the kernels that need more take
+// the stepped path).
+int max_cluster() {
+  static const int limit = [] {
+    const char* value = std::getenv("LLTM_CUDA_MAX_CLUSTER");
+    return value ? std::max(1, std::atoi(value)) : 16;
+  }();
+  return limit;
+}
+
+// Clusters of more than 8 blocks need the kernel's opt-in (per device; a cheap call), which a GPU may refuse.
 template <typename Kernel>
-void allow_cluster(Kernel kernel, int cluster) {
-  if (cluster > 8) C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+cudaError_t allow_cluster(Kernel kernel, int cluster) {
+  if (cluster > max_cluster()) return cudaErrorNotSupported;
+  return cluster > 8 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
 template <typename Kernel, typename Params>
 void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& params) {
-  allow_cluster(kernel, cluster);
+  C10_CUDA_CHECK(allow_cluster(kernel, cluster));
   const int64_t clusters = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
@@ -532,7 +520,6 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = known.find(key);
   if (it != known.end()) return it->second;
-  allow_cluster(kernel, cluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(cluster);
   config.blockDim = dim3(threads);
@@ -543,8 +530,8 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+  int n = 0;  // a device that refuses clusters of this size: 0, and the stepped path runs
+  if (allow_cluster(kernel, cluster) != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
@@ -553,8 +540,7 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
 }
 
 // Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel for this cell and element
-// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM; float32 would need 96,
-// 3xTF32 192). The LSTM and GRU have none yet: their register budgets (4 gates, the GRU's split
+// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM; float32 would need 96). The LSTM and GRU have none yet: their register budgets (4 gates, the GRU's split
 // candidate) are measured before they get any (until then they take the stepped path).
 template <typename Cell, typename scalar_t, typename F>
 bool with_hidden_size(int64_t H, F f) {
@@ -576,19 +562,20 @@ bool with_hidden_size(int64_t H, F f) {
   }
 }
 
+// Calls f(scalar_t{}) for the element types with kernels; returns false for the others. float32 only with its
+// products in TF32 (allow_tf32): a user who asks for float32 precision ("highest") gets cuBLAS's float32 GEMMs
+// on the stepped path, whose error stays within the python backend's (a 3xTF32 split in these kernels left 2x to
+// 20x of it over 2,048 steps, H200, 2026-12-01).
 template <typename F>
-void with_scalar_type(at::ScalarType dtype, F f) {
+bool with_scalar_type(at::ScalarType dtype, F f) {
   switch (dtype) {
     case at::kFloat:
-      if (allow_tf32()) {
-        f(float{}, std::false_type{});
-      } else {
-        f(float{}, std::true_type{});
-      }
-      break;
-    case at::kBFloat16: f(c10::BFloat16{}, std::false_type{}); break;
-    case at::kHalf: f(c10::Half{}, std::false_type{}); break;
-    default: TORCH_CHECK(false, "lltm: the persistent kernels take float32, bfloat16 and float16");
+      if (!allow_tf32()) return false;
+      f(float{});
+      return true;
+    case at::kBFloat16: f(c10::BFloat16{}); return true;
+    case at::kHalf: f(c10::Half{}); return true;
+    default: return false;
   }
 }
 
@@ -605,13 +592,12 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_ba
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
   if (B < 1 || B > (int64_t{1} << 28)) return false;
   bool ok = false;
-  with_scalar_type(dtype, [&](auto zero, auto precise) {
+  with_scalar_type(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
-    constexpr bool kPrecise = decltype(precise)::value;
     with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = ForwardConfig<Cell, scalar_t, kH, kPrecise>;
-      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C);
+      using Cfg = ForwardConfig<Cell, scalar_t, kH>;
+      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C);
       ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves(kH) * static_cast<int64_t>(active));
     });
   });
@@ -622,9 +608,8 @@ template <typename Cell>
 void persistent_forward(const ForwardTensors& f) {
   const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
-  with_scalar_type(f.gates.scalar_type(), [&](auto zero, auto precise) {
+  const bool typed = with_scalar_type(f.gates.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    constexpr bool kPrecise = decltype(precise)::value;
     const ForwardParams<scalar_t> params{ptr<scalar_t>(f.gates), ptr<scalar_t>(f.activations),
                                          ptr<scalar_t>(f.output), ptr<scalar_t>(f.cells),
                                          ptr<scalar_t>(f.h_n),   ptr<scalar_t>(f.c_n),
@@ -633,20 +618,20 @@ void persistent_forward(const ForwardTensors& f) {
                                          ptr<int64_t>(f.lengths), static_cast<int>(T), B};
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = ForwardConfig<Cell, scalar_t, kH, kPrecise>;
-      launch(forward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+      using Cfg = ForwardConfig<Cell, scalar_t, kH>;
+      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });
+  TORCH_CHECK(typed, "lltm: the persistent kernels take float32 with TF32, bfloat16 and float16");
 }
 
 template <typename Cell>
 void persistent_backward(const BackwardTensors& g) {
   const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
-  with_scalar_type(g.activations.scalar_type(), [&](auto zero, auto precise) {
+  const bool typed = with_scalar_type(g.activations.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    constexpr bool kPrecise = decltype(precise)::value;
     const BackwardParams<scalar_t> params{ptr<scalar_t>(g.activations), ptr<scalar_t>(g.grad_gates),
                                           ptr<scalar_t>(g.cells),       ptr<scalar_t>(g.output),
                                           ptr<scalar_t>(g.h0),          ptr<scalar_t>(g.c0),
@@ -656,11 +641,12 @@ void persistent_backward(const BackwardTensors& g) {
                                           ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B};
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
-      using Cfg = BackwardConfig<Cell, scalar_t, kH, kPrecise>;
-      launch(backward_kernel<Cell, scalar_t, kH, kPrecise>, Cfg::NT, Cfg::C, B, params);
+      using Cfg = BackwardConfig<Cell, scalar_t, kH>;
+      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });
+  TORCH_CHECK(typed, "lltm: the persistent kernels take float32 with TF32, bfloat16 and float16");
 }
 
 #define LLTM_PERSISTENT(CELL)                                                          \

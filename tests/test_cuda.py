@@ -66,7 +66,7 @@ def tf32(request):
                                          (torch.float16, False)], indirect=["tf32"], ids=["fp32", "tf32", "bf16", "fp16"])
 def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, dtype, tf32):
     """T = 512: the error against float64 is no worse than the python backend's in the same dtype (TF32,
-    bfloat16, float16), and within a few times it in float32 without TF32."""
+    bfloat16, float16), and within 2x it in float32 without TF32."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -74,10 +74,8 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
     ours = relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)
     python = relative_errors(forward_backward(p, "python", upstream, cell=cell), exact)
-    # float32 without TF32 runs 3xTF32 products (about 21 bits per product, float32 has 24): a few times
-    # the python backend's error (up to 9.5x seen on h_n at H = 128, on fresh random inputs), still two
-    # orders of magnitude under TF32's
-    factor = 16 if dtype == torch.float32 and not tf32 else 1.5
+    # float32 without TF32 runs the stepped path's cuBLAS float32 products: within 2x python's error
+    factor = 2 if dtype == torch.float32 and not tf32 else 1.5
     floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
     for name, a, b in zip(NAMES[cell.name], ours, python):
         assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
@@ -146,6 +144,90 @@ def test_compiled_with_cuda_graphs_matches_eager(cell, H):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend", ["cuda", "python"])
+def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
+    """The documented reduce-overhead pattern (torch.compiler.cudagraph_mark_step_begin, then the compiled
+    loss and its backward, with parameters accumulating .grad over several steps) trains the modules."""
+    from lltm_train import nn as fused
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}[cell](16, 64, backend=backend).cuda()
+    eager = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}[cell](16, 64, backend=backend).cuda()
+    eager.load_state_dict(module.state_dict())
+    f = torch.compile(lambda x: module(x)[0].square().mean(), mode="reduce-overhead")
+    xs = [torch.randn(12, 5, 16, device="cuda") for _ in range(4)]
+    for x in xs:
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = f(x)
+        loss.backward()
+        eager_loss = eager(x)[0].square().mean()
+        eager_loss.backward()
+        assert_close(loss, eager_loss, rtol=1e-4, atol=1e-5)
+    for p, q in zip(module.parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_float32_precision_within_twice_python_over_2048_steps(full_float32):
+    """float32 with TF32 off ("highest"): every output and gradient within 2x the python backend's error
+    against float64, over 2,048 steps (the stepped path's cuBLAS float32 products)."""
+    for H in (128, 256):
+        T, B, I = 2048, 4, 8
+        p = params(T, B, I, H, torch.float32, scale=0.5)
+        upstream = upstream_for(LLTM, T, B, H, torch.float32)
+        exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+        ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
+        python = relative_errors(forward_backward(p, "python", upstream), exact)
+        for name, a, b in zip(NAMES["lltm"], ours, python):
+            assert a <= max(2 * b, 1e-7), f"H={H} {name}: cuda {a:.2e}, python {b:.2e}"
+
+
+def test_tf32_errors_over_2048_steps_are_reported(tf32_on):
+    """With TF32 (float32_matmul_precision "high"): the error against float64 of each output and gradient,
+    as a multiple of the python backend's in TF32 (printed; asserted within 2x)."""
+    T, B, I, H = 2048, 4, 8, 256
+    p = params(T, B, I, H, torch.float32, scale=0.5)
+    upstream = upstream_for(LLTM, T, B, H, torch.float32)
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+    ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
+    python = relative_errors(forward_backward(p, "python", upstream), exact)
+    ratios = {name: a / max(b, 1e-30) for name, a, b in zip(NAMES["lltm"], ours, python)}
+    print("TF32 T=2048 H=256 error / python's:", {k: round(v, 2) for k, v in ratios.items()})
+    assert all(r <= 2 for r in ratios.values()), ratios
+
+
+@pytest.fixture
+def tf32_on():
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+def test_a_gpu_that_refuses_clusters_of_16_takes_the_stepped_path():
+    """LLTM_CUDA_MAX_CLUSTER=8 (as a GPU that refuses clusters beyond the portable 8 would): H = 512 runs the
+    stepped path, right; H = 256 (clusters of 8) still the persistent kernels."""
+    code = (
+        "import torch; from lltm_train.functional import lltm_layer; torch.manual_seed(0);"
+        "prof=torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]);"
+        "out={}\n"
+        "for H in (512, 256):\n"
+        "  x=torch.randn(9,5,7,device='cuda',dtype=torch.bfloat16); w=torch.randn(3*H,7,device='cuda')*0.3;"
+        "  u=torch.randn(3*H,H,device='cuda')*H**-0.5\n"
+        "  prof.__enter__(); r=lltm_layer(x,None,w.bfloat16(),u.bfloat16(),None,backend='cuda')[0]; torch.cuda.synchronize();"
+        "  prof.__exit__(None,None,None)\n"
+        "  ref=lltm_layer(x.double(),None,w.bfloat16().double(),u.bfloat16().double(),None,backend='python')[0]\n"
+        "  print('H', H, 'PERSISTENT', any('forward_kernel<' in e.name for e in prof.events()), 'ERR', float((r.double()-ref).abs().max()))\n"
+    )
+    env = {**os.environ, "LLTM_CUDA_MAX_CLUSTER": "8"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict((int(l.split()[1]), l) for l in result.stdout.splitlines() if l.startswith("H "))
+    assert "PERSISTENT False" in lines[512] and "PERSISTENT True" in lines[256], result.stdout
+    assert all(float(l.split("ERR")[1]) < 5e-2 for l in lines.values()), result.stdout
+
+
 def kernel_names(p, lengths=None, cell=LLTM):
     """Names of the CUDA kernels that one forward and backward of the layer runs."""
     n = len(cell.states)
@@ -156,11 +238,15 @@ def kernel_names(p, lengths=None, cell=LLTM):
     return {e.name for e in prof.events()}
 
 
-@pytest.mark.parametrize("cell, dtype, H, persistent", [
-    ("lltm", torch.bfloat16, 512, True), ("lltm", torch.float16, 512, True), ("lltm", torch.float32, 512, False),
-    ("lltm", torch.float32, 256, True), ("lltm", torch.bfloat16, 64, True), ("lltm", torch.float64, 128, False),
-    ("lltm", torch.bfloat16, 1024, False), ("lstm", torch.float32, 128, False), ("gru", torch.bfloat16, 128, False)])
-def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, persistent):
+@pytest.mark.parametrize("cell, dtype, H, precision, persistent", [
+    ("lltm", torch.bfloat16, 512, "high", True), ("lltm", torch.float16, 512, "high", True),
+    ("lltm", torch.float32, 512, "high", False), ("lltm", torch.float32, 256, "high", True),
+    ("lltm", torch.float32, 256, "highest", False), ("lltm", torch.bfloat16, 64, "highest", True),
+    ("lltm", torch.float64, 128, "high", False), ("lltm", torch.bfloat16, 1024, "high", False),
+    ("lstm", torch.float32, 128, "high", False), ("gru", torch.bfloat16, 128, "high", False)])
+def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, precision, persistent):
+    """float32 takes them with TF32 only ("high"); float32 precision ("highest") the stepped path."""
+    torch.set_float32_matmul_precision(precision)  # the autouse fixture restores it
     cell = CELLS[cell]
     p = [t.requires_grad_() for t in params(4, 3, 5, H, dtype, cell=cell)]
     names = kernel_names(p, cell=cell)
@@ -195,7 +281,7 @@ def test_forcing_one_path(path, B, persistent):
     stepped path would run. A fresh process reads the variable; the results match python in float64."""
     code = (
         "import torch; from lltm_train.functional import lltm_layer; torch.manual_seed(0);"
-        "torch.set_float32_matmul_precision('highest');"
+        "torch.set_float32_matmul_precision('high');"
         f"x=torch.randn(17,{B},5,device='cuda',dtype=torch.float64); w=torch.randn(384,5,device='cuda',dtype=torch.float64)*0.4;"
         "u=torch.randn(384,128,device='cuda',dtype=torch.float64)*0.09; b=torch.randn(384,device='cuda',dtype=torch.float64);"
         "prof=torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]); prof.__enter__();"
@@ -208,7 +294,7 @@ def test_forcing_one_path(path, B, persistent):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"PERSISTENT {persistent}" in result.stdout
-    assert float(result.stdout.split("ERR")[1]) < 1e-5
+    assert float(result.stdout.split("ERR")[1]) < 5e-3  # TF32 products
 
 
 @pytest.mark.slow
@@ -217,6 +303,7 @@ def test_forcing_one_path(path, B, persistent):
 def test_kernels_are_clean_under_compute_sanitizer(tool):
     code = """
 import torch
+torch.set_float32_matmul_precision("high")  # float32 on the persistent kernels too
 lengths = torch.tensor([5, 1, 0, 3, 5, 5, 2, 4, 5, 1, 5])
 from lltm_train.functional import rnn_layer
 from lltm_train.ops.cells import CELLS
