@@ -306,7 +306,7 @@ def _check_required_groups(argv: list[str]) -> None:
         key, _, value = arg.partition("=")
         group = key.lstrip("+")
         removed = key.startswith("~") and key[1:] in _REQUIRED_GROUPS and not value
-        if removed or (group in _REQUIRED_GROUPS and value.lower() in ("null", "none") and "=" in arg):
+        if removed or (group in _REQUIRED_GROUPS and value.lower() == "null" and "=" in arg):
             name = key.lstrip("+~")
             options = sorted(p.stem for p in (config_dir() / name).glob("*.yaml"))
             hint = {"logger": "; logger=none trains without a logger",

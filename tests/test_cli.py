@@ -244,7 +244,12 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, 
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).endswith("locked") else real_access(p, mode))
     monkeypatch.setattr(sys, "argv", ["lltm-train", f"hydra.run.dir={tmp_path / 'locked'}"])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    # cli.main() sets these for the processes it starts: set them here first so that monkeypatch restores them
+    # afterwards (a bare delenv of an absent variable records nothing, and HYDRA_FULL_ERROR=1 would then reach
+    # every later test's subprocess and turn its one-line errors into tracebacks)
+    for name in ("HYDRA_FULL_ERROR", cli._SWEPT_KEYS):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 2

@@ -50,7 +50,7 @@ class TensorDataModule(SequenceDataModule):
 def attach(task, log_every_n_steps=1, global_step=0):
     """A stand-in trainer with what the task's own code reads, and a recorder of self.log calls."""
     task._trainer = SimpleNamespace(log_every_n_steps=log_every_n_steps, global_step=global_step, fast_dev_run=False,
-                                    gradient_clip_val=None, gradient_clip_algorithm=None)
+                                    max_steps=-1, world_size=1, gradient_clip_val=None, gradient_clip_algorithm=None)
     logged = {}
     task.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
     return logged
