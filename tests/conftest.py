@@ -52,11 +52,9 @@ def _seeded_and_isolated(request):
 
 @pytest.fixture
 def full_float32():
-    """Full float32 matrix products (no TF32) for the duration of a test."""
-    previous = torch.get_float32_matmul_precision()
+    """Full float32 matrix products (no TF32) for the duration of a test (the autouse fixture above restores
+    the precision afterwards)."""
     torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
 
 
 @pytest.fixture(params=list(CELLS))

@@ -54,10 +54,10 @@ def relative_errors(got, want):
 
 @pytest.fixture
 def tf32(request):
-    previous = torch.get_float32_matmul_precision()
+    """TF32 products on (float32_matmul_precision "high") or off ("highest"); conftest's autouse fixture
+    restores the precision after the test."""
     torch.set_float32_matmul_precision("high" if request.param else "highest")
-    yield request.param
-    torch.set_float32_matmul_precision(previous)
+    return request.param
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -205,10 +205,7 @@ def test_tf32_errors_over_2048_steps_are_reported(tf32_on):
 
 @pytest.fixture
 def tf32_on():
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    yield
-    torch.set_float32_matmul_precision(previous)
+    torch.set_float32_matmul_precision("high")  # restored by conftest's autouse fixture
 
 
 def test_a_gpu_that_refuses_clusters_of_16_takes_the_stepped_path():
