@@ -115,6 +115,7 @@ def _run(cfg: DictConfig) -> float | None:
         if in_sweep:
             return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc))
         _remove_if_empty(Path(cfg.paths.output_dir))
+        print(file=sys.stdout, flush=True)  # end a progress bar's line (tqdm draws on stdout), so the error stands alone
         _fail(exc)
     except Exception as exc:  # noqa: BLE001 - in a sweep, a crashed job must not take the others with it
         if not in_sweep or not _one_line_errors:

@@ -328,6 +328,17 @@ def test_trainer_stops_on_a_nan_loss_at_a_logging_step(every):
     assert task.steps_run == list(range(first_logging_step + 1))
 
 
+@pytest.mark.parametrize("clip, hint", [(0.25, "or trainer.gradient_clip_val (now 0.25)"),
+                                        (None, "or set trainer.gradient_clip_val (clipping is off)")])
+def test_the_non_finite_hint_names_the_clipping_in_force(clip, hint):
+    """Clipping is on by default (1.0): the hint says to lower it then, to set it only when it is off."""
+    dm = TensorDataModule(TaskSpec("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
+    with pytest.raises(FloatingPointError) as error:
+        trainer(max_steps=4, log_every_n_steps=1, limit_val_batches=0, gradient_clip_val=clip).fit(
+            NaNFrom(3, 4, start=1, **NET), datamodule=dm)
+    assert str(error.value).endswith("lower model.optimizer.lr " + hint)
+
+
 def test_a_negative_clip_value_never_flips_the_gradients():
     """clip_grad_norm_ with a negative bound would multiply every gradient by a negative factor."""
     task = classifier()

@@ -119,10 +119,10 @@ class LLTMTask(L.LightningModule, ABC):
         # check at the next logging step still catches it.
         if self._logs_this_step():
             if not torch.isfinite(loss) and self.nonfinite == "stop":
-                raise NonFiniteError(
-                    f"the training loss became {loss.item()} by step {self.global_step}; lower model.optimizer.lr (or "
-                    "trainer.gradient_clip_val)"
-                )
+                clip = getattr(self.trainer, "gradient_clip_val", None)
+                hint = (f"lower model.optimizer.lr or trainer.gradient_clip_val (now {clip:g})" if clip
+                        else "lower model.optimizer.lr or set trainer.gradient_clip_val (clipping is off)")
+                raise NonFiniteError(f"the training loss became {loss.item()} by step {self.global_step}; {hint}")
             # the mean over every process's batch (the global batch's loss under DDP): one collective per logging step
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0], sync_dist=True)
             # a logging step reads the loss anyway; under DDP every process must judge the same mean
