@@ -168,13 +168,13 @@ def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, rep
     backend = resolve_backend("auto", device.type)
     if backend == "python":
         raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
+    # float32: the relative difference from python; 16-bit: the error against float64, as a multiple of python's
+    # in the same dtype
+    tol = 1e-3 if dtype == torch.float32 else 1.5
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
         for cell in cells:
-            # float32: the relative difference from python; 16-bit: the error against float64, as a multiple of
-            # python's in the same dtype
-            tol = 1e-3 if dtype == torch.float32 else 1.5
             err = check_against_python(min(T, 64), B, I, H, device, dtype, backend, cell)
             if not err < tol:
                 what = "relative difference" if dtype == torch.float32 else "error against float64, times python's,"

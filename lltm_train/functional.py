@@ -41,8 +41,11 @@ def _autocast(device_type: str, tensors: tuple) -> tuple:
     return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)
 
 
-def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, batch_dim: int) -> tuple[Tensor, ...]:
-    """The initial state (h_0, c_0) or (h_0,) from ``hx`` (a tuple of them), or zeros when it is None."""
+def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple, batch_dim: int) -> tuple[Tensor, ...]:
+    """The initial state (h_0, c_0) or (h_0,) from ``hx`` (a tuple of them), or zeros when it is None; checks
+    first that ``biases`` has the cell's number of bias arguments."""
+    if len(biases) != len(spec.biases):
+        raise TypeError(f"{op}: takes {len(spec.biases)} bias argument(s) ({', '.join(spec.biases)}), got {len(biases)}")
     for name, t in (("input", input), ("weight_hh", weight_hh)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -177,9 +180,7 @@ def rnn_layer(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weig
     ``(h, c)`` or ``(h,)``, and ``biases`` the cell's (``CellSpec.biases``). :func:`lltm_layer`,
     :func:`lstm_layer` and :func:`gru_layer` are this with their cell's conventions, and document it."""
     name = f"{cell.name}_layer"
-    states = _state_or_zeros(name, cell, hx, input, weight_hh, 1)
-    if len(biases) != len(cell.biases):
-        raise TypeError(f"{name}: takes {len(cell.biases)} bias argument(s) ({', '.join(cell.biases)}), got {len(biases)}")
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1)
     return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend)
 
 
@@ -187,9 +188,7 @@ def rnn_cell(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weigh
              *biases: Tensor | None, backend: str = "auto") -> tuple[Tensor, ...]:
     """One step of any cell (input (B, input_size)), its state as a tuple as in :func:`rnn_layer`."""
     name = f"{cell.name}_cell"
-    states = _state_or_zeros(name, cell, hx, input, weight_hh, 0)
-    if len(biases) != len(cell.biases):
-        raise TypeError(f"{name}: takes {len(cell.biases)} bias argument(s) ({', '.join(cell.biases)}), got {len(biases)}")
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0)
     if not isinstance(input, Tensor) or input.dim() != 2:
         got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
         raise ValueError(f"{name}: expected input of shape (B, input_size), got {got}")

@@ -213,9 +213,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except Exception:
         for logger in tensorboards:
             end_run(logger, success=False)
-        _record_divergence(task, trainer, output_dir)
         raise
-    _record_divergence(task, trainer, output_dir)
+    finally:
+        _record_divergence(task, trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     for logger in tensorboards:
         end_run(logger, success=not trainer.interrupted)

@@ -13,8 +13,9 @@ from torch import Tensor, nn
 from .. import validation as v
 from ..backends import check_backend_name
 from ..nn import GRU, LLTM, LSTM
+from ..ops.cells import CELLS as _SPECS
 
-CELLS = ("lltm", "lstm", "gru")
+CELLS = tuple(_SPECS)  # lltm, lstm, gru
 _FUSED = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}
 _TORCH = {"lstm": nn.LSTM, "gru": nn.GRU}
 

@@ -48,16 +48,16 @@ class LLTMTask(L.LightningModule, ABC):
             with no synchronisation; with others, at the cost of one synchronisation a step.
         divergence: what a run that diverges does (its losses stay finite but the model is lost; the
             non-finite policy does not see it). Looked at on logging steps and at each validation, from the
-            losses they read anyway (no host synchronisation of its own). A run has diverged when every
-            training loss logged since the last validation (at least five) is more than
-            ``DIVERGENCE_FACTOR`` (1.5) times the best mean of an earlier validation interval's logged
-            losses (a mean: one lucky batch sets no bar); or when the validation loss is more than 1.5 times
-            ``baseline_loss`` (the trivial predictor's) after it had been below it, or more than 1.5 times
-            the loss of a uniform guess over the classes (:attr:`uniform_loss`, ln C, for the tasks that
-            predict classes). Either way
-            one line says so, ``train/diverged`` is logged (1) and :attr:`diverged` holds the reason;
-            ``"warn"`` goes on, ``"stop"`` ends training with :class:`DivergedError`, whose message names the
-            best checkpoint so far (the validation that finds the divergence saves none).
+            losses they read anyway (the logging steps' non-finite check already waits for the loss; the
+            other steps never wait). A run has diverged when every training loss logged since the last
+            validation (at least five) is more than ``DIVERGENCE_FACTOR`` (1.5) times the best mean of an
+            earlier validation interval's logged losses (a mean: one lucky batch sets no bar); or when the
+            validation loss is more than 1.5 times ``baseline_loss`` (the trivial predictor's) after it had
+            been below it, or more than 1.5 times the loss of a uniform guess over the classes
+            (:attr:`uniform_loss`, ln C, for the tasks that predict classes). Either way one line says so,
+            ``train/diverged`` is logged (1) and :attr:`diverged` holds the reason; ``"warn"`` goes on,
+            ``"stop"`` ends training with :class:`DivergedError`, whose message names the best checkpoint so
+            far when there is one (the validation that finds the divergence saves none).
 
     ``kinds`` names the :class:`~lltm_train.data.TaskSpec` kinds a task trains on.
     """
