@@ -28,7 +28,6 @@ import json
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -212,65 +211,6 @@ def _format(row: dict) -> str:
             f"{backend}/python {row['ratio_vs_python']:.2f}x{mem}")
 
 
-def bare_loop_tokens_per_s(cell: str, device: torch.device, steps: int, vocab: int = 84) -> float:
-    """The default job's model and optimiser in a plain loop over one fixed batch: the ceiling of training."""
-    from .models import CharLM
-
-    torch.manual_seed(0)
-    model = CharLM(vocab, hidden_size=256, embedding_dim=64, cell=cell).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.008, weight_decay=0.01, fused=True)
-    x = torch.randint(0, vocab, (128, 64), device=device)
-    y = torch.randint(0, vocab, (128, 64), device=device)
-
-    def step():
-        logits, _ = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        optimizer.step()
-
-    seconds = measure(step, device, repeats=3, calls=max(1, steps // 3), warmup=5)
-    return 128 * 64 / seconds
-
-
-def lltm_train_tokens_per_s(cell: str, device: torch.device, steps: int) -> float:
-    """The default job through lltm-train (``train()`` on the composed config) for ``steps`` steps: the
-    Throughput callback's average over the run (validation, start-up and the first window excluded)."""
-    from hydra import compose, initialize_config_dir
-
-    from .callbacks import Throughput
-    from .config import config_dir
-    from .train import _prepare
-
-    with tempfile.TemporaryDirectory() as out:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose("config", overrides=[
-                f"paths.output_dir={out}", f"model.cell={cell}", f"trainer.max_steps={steps}",
-                f"trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}", f"trainer.val_check_interval={steps}",
-                "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "model.sample_length=0"])
-        datamodule, task, trainer, _, _ = _prepare(cfg)
-        trainer.fit(task, datamodule=datamodule)
-        throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
-        return throughput.average_tokens_per_s or float("nan")
-
-
-def run_training(device: torch.device, steps: int) -> dict:
-    result = {"steps": steps}
-    for cell in ("lltm", "lstm"):
-        result[f"bare_{cell}"] = bare_loop_tokens_per_s(cell, device, steps)
-        result[f"lltm_train_{cell}"] = lltm_train_tokens_per_s(cell, device, steps)
-        print(f"training, cell={cell}: bare loop {result[f'bare_{cell}']:,.0f} tokens/s, lltm-train "
-              f"{result[f'lltm_train_{cell}']:,.0f} tokens/s ({result[f'lltm_train_{cell}'] / result[f'bare_{cell}']:.2f}x "
-              "of the bare loop)", flush=True)
-    result["lltm_vs_lstm_lltm_train"] = result["lltm_train_lltm"] / result["lltm_train_lstm"]
-    result["lltm_vs_lstm_bare"] = result["bare_lltm"] / result["bare_lstm"]
-    result["lltm_train_vs_bare"] = result["lltm_train_lltm"] / result["bare_lltm"]
-    print(f"training: LLTM / nn.LSTM {result['lltm_vs_lstm_lltm_train']:.2f}x through lltm-train "
-          f"({result['lltm_vs_lstm_bare']:.2f}x bare); lltm-train / bare loop {result['lltm_train_vs_bare']:.2f}x", flush=True)
-    return result
-
-
 def _machine(device: torch.device, args) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -356,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
 
         results = run_jit(device, args.repeats)
     elif args.training:
+        from .bench_training import run_training
+
         results = run_training(device, args.steps)
     else:
         results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])

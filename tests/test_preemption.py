@@ -14,6 +14,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import CUDA_READY, CUDA_SKIP_REASON
 from test_training import make_cfg
 from lltm_train.tasks.base import NonFiniteError
 from lltm_train.train import train
@@ -57,6 +58,34 @@ class InfGradientAt(L.Callback):
             next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
 
 
+class InfInputAt(L.Callback):
+    """Makes one input element infinite at a given step, so that the step's loss and gradients are not
+    finite (the way in for a step that runs as a CUDA graph, which calls no backward hooks)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            batch.x.view(-1)[0] = float("inf")
+
+
+# The GPU versions of the fault-tolerance tests: the cuda backend, the training step captured as a CUDA graph
+GPU = pytest.param(["trainer.accelerator=gpu", "backend=cuda", "model.cuda_graph=true"], id="gpu-graph",
+                   marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)])
+CPU = pytest.param([], id="cpu")
+
+
+def on(device: list[str], settings: list[str]) -> list[str]:
+    """``settings`` (which name the CPU) moved to the device of a GPU/CPU parameter."""
+    return [o for o in settings if not (device and o == "trainer.accelerator=cpu")] + device
+
+
+def inf_at(device: list[str], step: int) -> list[str]:
+    kind = "InfInputAt" if device else "InfGradientAt"
+    return [f"+callbacks.inf._target_=test_preemption.{kind}", f"+callbacks.inf.step={step}"]
+
+
 def run(cwd, *overrides):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "lltm_train", *overrides], cwd=cwd, env=env, capture_output=True,
@@ -82,9 +111,10 @@ def test_a_signal_saves_the_step_under_way_and_exits_non_zero(tmp_path, signum, 
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(12))  # no gap, no repeat
 
 
-def test_a_non_finite_gradient_is_never_applied_and_stops_with_the_last_good_state(tmp_path):
-    overrides = [*ADDING, "trainer.max_steps=10", "trainer.val_check_interval=10", "trainer.log_every_n_steps=5",
-                 "+callbacks.inf._target_=test_preemption.InfGradientAt", "+callbacks.inf.step=3"]
+@pytest.mark.parametrize("device", [CPU, GPU])
+def test_a_non_finite_gradient_is_never_applied_and_stops_with_the_last_good_state(tmp_path, device):
+    overrides = [*on(device, ADDING), "trainer.max_steps=10", "trainer.val_check_interval=10", "trainer.log_every_n_steps=5",
+                 *inf_at(device, 3)]
     with pytest.raises(NonFiniteError, match=r"1 step\(s\) before step 5 had non-finite gradients .* last good state "
                                              r"\(step 5\) is in .*last.ckpt"):
         train(make_cfg(tmp_path, *overrides))
@@ -95,9 +125,10 @@ def test_a_non_finite_gradient_is_never_applied_and_stops_with_the_last_good_sta
     assert all(float(s) == 4 for s in steps)  # AdamW took 4 steps of 5: the infinite one was not applied
 
 
-def test_skip_goes_on_past_non_finite_gradients_and_counts_them(tmp_path):
-    overrides = [*ADDING, "trainer.max_steps=8", "trainer.val_check_interval=8", "model.nonfinite=skip",
-                 "+callbacks.inf._target_=test_preemption.InfGradientAt", "+callbacks.inf.step=3"]
+@pytest.mark.parametrize("device", [CPU, GPU])
+def test_skip_goes_on_past_non_finite_gradients_and_counts_them(tmp_path, device):
+    overrides = [*on(device, ADDING), "trainer.max_steps=8", "trainer.val_check_interval=8", "model.nonfinite=skip",
+                 *inf_at(device, 3)]
     metrics = train(make_cfg(tmp_path, *overrides))
     assert torch.isfinite(torch.tensor(metrics["val/loss"]))
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -165,9 +196,11 @@ STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "datase
 @pytest.mark.parametrize("settings, killed_at, resumed_from",
                          [(EXACT, 23, 20), pytest.param(EXACT, 43, 40, marks=pytest.mark.slow),
                           pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow), ([*EXACT, "model.cell=gru"], 23, 20),
-                          pytest.param([*EXACT, "model.cell=lstm"], 23, 20, marks=pytest.mark.slow)],
+                          pytest.param([*EXACT, "model.cell=lstm"], 23, 20, marks=pytest.mark.slow),
+                          pytest.param(on(GPU.values[0], EXACT), 23, 20, marks=GPU.marks),
+                          pytest.param(on(GPU.values[0], EXACT), 21, 20, marks=GPU.marks)],
                          ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch", "gru, mid-epoch",
-                              "lstm, mid-epoch"])
+                              "lstm, mid-epoch", "gpu-graph, mid-epoch", "gpu-graph, killed in the warm-up"])
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, settings, killed_at, resumed_from):
     """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
     the uninterrupted run did (and carries the state it carried): the same loss at every step and the same

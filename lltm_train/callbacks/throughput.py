@@ -80,8 +80,9 @@ class Throughput(Callback):
         # written again at every later logging step of the Trainer until the next window.
         for logger in trainer.loggers:
             logger.log_metrics(figures, step=trainer.global_step - 1)
-        pl_module.log("tok/s", figures["throughput/tokens_per_s"], prog_bar=True, logger=False, on_step=True,
-                      on_epoch=False, batch_size=samples)
+        # a host tensor: the progress bar converts it at every step, which a device value would make wait for the GPU
+        pl_module.log("tok/s", torch.tensor(figures["throughput/tokens_per_s"]), prog_bar=True, logger=False,
+                      on_step=True, on_epoch=False, batch_size=samples)
 
     def on_train_end(self, trainer, pl_module) -> None:
         # the run's average (what the console's last line says, what lltm-report and TensorBoard's HPARAMS show)

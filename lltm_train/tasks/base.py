@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 
 from .. import validation as v
 from ..data.base import Batch
+from .captured import CapturedStep, why_not_captured
 
 
 class NonFiniteError(FloatingPointError):
@@ -28,6 +29,7 @@ class DivergedError(FloatingPointError):
 
 DIVERGENCE_FACTOR = 1.5  # "well above": how far above its reference a loss must be to count as divergence
 _warn = rank_zero_only(logging.getLogger("lltm_train").warning)
+_info = rank_zero_only(logging.getLogger("lltm_train").info)
 
 
 class LLTMTask(L.LightningModule, ABC):
@@ -58,6 +60,11 @@ class LLTMTask(L.LightningModule, ABC):
             ``train/diverged`` is logged (1) and :attr:`diverged` holds the reason; ``"warn"`` goes on,
             ``"stop"`` ends training with :class:`DivergedError`, whose message names the best checkpoint so
             far when there is one (the validation that finds the divergence saves none).
+        cuda_graph: ``"auto"`` (default), True or False. On a GPU the whole training step (forward, loss,
+            backward, clipping, the non-finite guard and the optimiser step) runs as one CUDA graph per batch
+            shape (:mod:`lltm_train.tasks.captured`): ``"auto"`` does so when the run allows it (one GPU, a
+            fused Adam/AdamW, 32-true or bf16-mixed, no gradient accumulation, no state carried between
+            batches) and says in one line why not otherwise; True says so as a warning; False never captures.
 
     ``kinds`` names the :class:`~lltm_train.data.TaskSpec` kinds a task trains on.
     """
@@ -67,8 +74,14 @@ class LLTMTask(L.LightningModule, ABC):
     uniform_loss: float | None = None  # the loss of a uniform guess over the classes (set by the tasks with classes)
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
-                 baseline_loss: float | None = None, nonfinite: str = "stop", divergence: str = "warn") -> None:
+                 baseline_loss: float | None = None, nonfinite: str = "stop", divergence: str = "warn",
+                 cuda_graph: bool | str = "auto") -> None:
         super().__init__()
+        if cuda_graph not in ("auto", True, False):
+            raise ValueError(f"{type(self).__name__}: cuda_graph must be auto, true or false, got {cuda_graph!r}")
+        self.cuda_graph = cuda_graph
+        self._captured: CapturedStep | None = None  # set when training starts (on_train_start)
+        self.graph_replays = 0  # the last fit's steps that ran as CUDA graph replays
         self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
         self.divergence = v.one_of(type(self).__name__, "divergence", divergence, ("warn", "stop"))
         self.diverged: str | None = None  # why the run counts as diverged (None: it does not)
@@ -97,6 +110,10 @@ class LLTMTask(L.LightningModule, ABC):
     def step(self, batch: Batch, stage: str) -> Tensor:
         """Computes the loss of a batch, updates the stage's metrics, returns the loss."""
 
+    def capture_refusal(self) -> str | None:
+        """Why this task's training step cannot be captured as a CUDA graph (None: it can); see ``cuda_graph``."""
+        return None
+
     def logged_metrics(self, spec) -> list[str]:
         """The names of the ``val/`` and ``test/`` metrics this task logs on a data set (its TaskSpec)."""
         return list(self.metric_names)
@@ -112,25 +129,37 @@ class LLTMTask(L.LightningModule, ABC):
                 or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0
                 or self.global_step + 1 == trainer.max_steps)  # the last step: the run's final training loss
 
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:
+        if self._captured is not None:  # the whole step, optimiser included: Lightning skips its backward
+            loss, norm = self._captured.run(batch)
+            self._check_skipped = self._logs_this_step()
+            if self._check_skipped:  # clones: the next replay overwrites the graph's buffers
+                self.log("train/grad_norm", norm.clone(), on_step=True, on_epoch=False)
+                self._log_train_loss(loss.clone(), batch)
+            return loss
         loss = self.step(batch, "train")
+        if self._logs_this_step():
+            self._log_train_loss(loss, batch)
+        return loss
+
+    def _log_train_loss(self, loss: Tensor, batch: Batch) -> None:
         # Looked at on logging steps only, which read the loss anyway: a check on every step would stall the
         # GPU queue each time. A diverged run stays diverged (its weights are no longer finite), so the
         # check at the next logging step still catches it.
-        if self._logs_this_step():
-            if not torch.isfinite(loss) and self.nonfinite == "stop":
-                clip = getattr(self.trainer, "gradient_clip_val", None)
-                hint = (f"lower model.optimizer.lr or trainer.gradient_clip_val (now {clip:g})" if clip
-                        else "lower model.optimizer.lr or set trainer.gradient_clip_val (clipping is off)")
-                raise NonFiniteError(f"the training loss became {loss.item()} by step {self.global_step}; {hint}")
-            # the mean over every process's batch (the global batch's loss under DDP): one collective per logging step
-            self.log("train/loss", loss, prog_bar=True, batch_size=batch.x.shape[0], sync_dist=True)
-            # a logging step reads the loss anyway; under DDP every process must judge the same mean
-            mean = loss.detach()
-            if self.trainer.world_size > 1:
-                mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-            self._watch_train_loss(float(mean))
-        return loss
+        if not torch.isfinite(loss) and self.nonfinite == "stop":
+            clip = getattr(self.trainer, "gradient_clip_val", None)
+            hint = (f"lower model.optimizer.lr or trainer.gradient_clip_val (now {clip:g})" if clip
+                    else "lower model.optimizer.lr or set trainer.gradient_clip_val (clipping is off)")
+            raise NonFiniteError(f"the training loss became {loss.item()} by step {self.global_step}; {hint}")
+        # The mean over every process's batch (the global batch's loss under DDP: one collective per logging
+        # step; every process judges the same mean). Logged from the host: the progress bar converts its
+        # values at every step, and a device tensor would make each of those steps wait for the GPU.
+        mean = loss.detach().float()
+        if self.trainer.world_size > 1:
+            mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+        mean = mean.cpu()
+        self.log("train/loss", mean, prog_bar=True, batch_size=batch.x.shape[0])
+        self._watch_train_loss(float(mean))
 
     def _watch_train_loss(self, value: float) -> None:
         if math.isfinite(value):
@@ -188,16 +217,64 @@ class LLTMTask(L.LightningModule, ABC):
             if self.trainer.state.fn == "fit":  # a validation during training (not trainer.validate)
                 self._check_divergence()
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        # One pass over the gradients gives the norm to clip by, to log (before clipping) and to guard with.
+    def on_train_start(self) -> None:
+        self._restore_resumed_state()
+        optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
+        reason = None if self.cuda_graph is False else (
+            why_not_captured(self.trainer, self, optimizer) if optimizer is not None else "no optimiser")
+        self._captured = None
+        if self.cuda_graph and reason is None:
+            if self._skipped is None:  # the count of skipped steps, which a captured step adds to in place
+                self._skipped = torch.zeros((), dtype=torch.long, device=self.device)
+            self._captured = CapturedStep(self._whole_step, optimizer, state=lambda: [self._skipped, *self.buffers()])
+        # The loop's switch that Lightning's own StochasticWeightAveraging uses: no zero_grad, no backward
+        self.trainer.fit_loop._skip_backward = self._captured is not None
+        if reason is not None and self.cuda_graph is True:
+            _warn(f"lltm-train: warning: model.cuda_graph=true, but the training step is not captured: {reason}; "
+                  "training eagerly")
+        elif reason is not None and self.trainer.strategy.root_device.type == "cuda":
+            _info(f"lltm-train: the training step runs eagerly, not as a CUDA graph: {reason}")
+
+    def on_train_end(self) -> None:
+        if self._skipped is not None:  # steps after the last logging step
+            self._report_skipped()
+        self.graph_replays = self._captured.replays if self._captured is not None else 0
+        self._captured = None  # its graphs' memory
+
+    def _whole_step(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """One training step done here rather than by Lightning (see ``cuda_graph``): loss, backward,
+        clipping and the non-finite guard, the optimiser step. Returns (loss, gradient norm)."""
+        optimizer = self._captured.optimizer
+        loss = self.step(batch, "train")
+        with torch.autocast(loss.device.type, enabled=False):
+            loss.backward()
+            norm = self._clip(optimizer, self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm)
+            optimizer.step()
+        return loss.detach(), norm
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        if self._captured is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer_closure()  # training_step, which took the optimiser's step itself
+
+    def _clip(self, optimizer, gradient_clip_val, gradient_clip_algorithm) -> Tensor:
+        """Clips the gradients (norm or value) and guards against non-finite ones; returns the norm before
+        clipping. No host synchronisation with a fused optimiser."""
         params = [p for p in self.parameters() if p.grad is not None]
-        logs = self._logs_this_step()
-        if gradient_clip_val is not None and gradient_clip_val > 0 and (gradient_clip_algorithm or "norm") == "norm":
+        clip = gradient_clip_val is not None and gradient_clip_val > 0  # 0 or None: off (a negative bound is refused)
+        if clip and (gradient_clip_algorithm or "norm") == "norm":
             norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            if clip:
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val, foreach=True)
         self._skip_if_not_finite(optimizer, norm)
+        return norm
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # One pass over the gradients gives the norm to clip by, to log (before clipping) and to guard with.
+        logs = self._logs_this_step()
+        norm = self._clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
         self._check_skipped = logs
         if logs:
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
@@ -205,7 +282,9 @@ class LLTMTask(L.LightningModule, ABC):
     def _skip_if_not_finite(self, optimizer, norm: Tensor) -> None:
         """Keeps a step whose gradient norm is not finite from reaching the weights."""
         bad = ~torch.isfinite(norm.detach())
-        self._skipped = bad.long() if self._skipped is None else self._skipped + bad
+        if self._skipped is None:
+            self._skipped = torch.zeros((), dtype=torch.long, device=norm.device)
+        self._skipped.add_(bad)  # in place: a captured step adds to the same tensor at each replay
         if getattr(optimizer, "defaults", {}).get("fused"):
             # The fused kernels read found_inf (as GradScaler sets it) and leave parameters and state alone.
             optimizer.found_inf = bad.float()
@@ -221,10 +300,6 @@ class LLTMTask(L.LightningModule, ABC):
 
     def on_validation_epoch_start(self) -> None:
         if self.trainer.state.fn == "fit" and self._skipped is not None:  # no validation of weights a stop would refuse
-            self._report_skipped()
-
-    def on_train_end(self) -> None:
-        if self._skipped is not None:  # steps after the last logging step
             self._report_skipped()
 
     def _report_skipped(self) -> int:
@@ -255,7 +330,7 @@ class LLTMTask(L.LightningModule, ABC):
         self._resumed_state = checkpoint.get("lltm_train")  # applied when training starts: see on_train_start
         self._skipped_before = self._skipped_reported = int((self._resumed_state or {}).get("skipped_steps", 0))
 
-    def on_train_start(self) -> None:
+    def _restore_resumed_state(self) -> None:
         state = getattr(self, "_resumed_state", None)
         if state is None:
             return

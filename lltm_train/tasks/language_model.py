@@ -59,6 +59,9 @@ class LanguageModelTask(LLTMTask):
              for s in ("val", "test")}
         )
 
+    def capture_refusal(self) -> str | None:
+        return "stateful=true carries the recurrent state from batch to batch" if self.stateful else None
+
     def step(self, batch: Batch, stage: str) -> Tensor:
         logits, state = self.net(batch.x.t(), self._carried.get(stage))  # time-major inside the network
         if self.stateful:

@@ -1,0 +1,85 @@
+"""``lltm-bench --training``: the default job's model trained by ``lltm-train`` against a bare loop.
+
+The model is the default job's (CharLM: embedding 64, 1 x 256, T = 128, B = 64, AdamW, clipping at 1.0).
+The bare loop is that model and optimiser in eager PyTorch over one fixed batch, with no framework: forward,
+loss, zero_grad, backward, clipping, fused AdamW. ``lltm-train`` runs ``train()``'s set-up on the composed
+default config (Lightning, the Shakespeare data, logging, checkpoints) for ``steps`` steps; its figure is
+the Throughput callback's average over the run (validation, start-up and the first window excluded).
+
+On a GPU each cell and backend is also trained with the step eager (``model.cuda_graph=false``), in
+``bf16-mixed`` and with ``model.compile=true``, so that the ratios the targets name come from one run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from .bench import measure
+
+CONTENDERS = {"cuda": [("lltm", "cuda"), ("lstm", "cuda"), ("lstm", "torch")],
+              "cpu": [("lltm", "cpp"), ("lstm", "cpp"), ("lstm", "torch")]}
+VARIANTS = {"cuda": {"eager step": ["model.cuda_graph=false"], "bf16-mixed": ["trainer.precision=bf16-mixed"],
+                     "compile": ["model.compile=true"]},
+            "cpu": {}}
+
+
+def bare_loop_tokens_per_s(cell: str, backend: str, device: torch.device, steps: int, vocab: int = 84) -> float:
+    """The default job's model and optimiser in a plain eager loop over one fixed batch."""
+    from .models import CharLM
+
+    torch.manual_seed(0)
+    model = CharLM(vocab, hidden_size=256, embedding_dim=64, cell=cell, backend=backend).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.008, weight_decay=0.01, fused=True)
+    x = torch.randint(0, vocab, (128, 64), device=device)
+    y = torch.randint(0, vocab, (128, 64), device=device)
+
+    def step():
+        logits, _ = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+
+    seconds = measure(step, device, repeats=3, calls=max(1, steps // 3), warmup=5)
+    return 128 * 64 / seconds
+
+
+def lltm_train_tokens_per_s(cell: str, backend: str, device: torch.device, steps: int, *overrides: str) -> float:
+    """The default job through lltm-train for ``steps`` steps: the Throughput callback's run average."""
+    from hydra import compose, initialize_config_dir
+
+    from .callbacks import Throughput
+    from .config import config_dir
+    from .train import _prepare
+
+    with tempfile.TemporaryDirectory() as out:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                f"paths.output_dir={out}", f"model.cell={cell}", f"backend={backend}", f"trainer.max_steps={steps}",
+                f"trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}", f"trainer.val_check_interval={steps}",
+                "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "model.sample_length=0",
+                "callbacks.progress_bar.refresh_rate=0", *overrides])
+        datamodule, task, trainer, _, _ = _prepare(cfg)
+        trainer.fit(task, datamodule=datamodule)
+        throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+        return throughput.average_tokens_per_s or float("nan")
+
+
+def run_training(device: torch.device, steps: int) -> dict:
+    """Every contender's bare loop and lltm-train figures (and, on a GPU, the variants); prints a line each."""
+    result = {"steps": steps, "rows": []}
+    for cell, backend in CONTENDERS[device.type]:
+        row = {"cell": cell, "backend": backend, "bare": bare_loop_tokens_per_s(cell, backend, device, steps),
+               "lltm_train": lltm_train_tokens_per_s(cell, backend, device, steps)}
+        for name, overrides in VARIANTS[device.type].items():
+            row[name] = lltm_train_tokens_per_s(cell, backend, device, steps, *overrides)
+        row["lltm_train_vs_bare"] = row["lltm_train"] / row["bare"]
+        extra = "".join(f", {name} {row[name]:,.0f} ({row[name] / row['lltm_train']:.2f}x)"
+                        for name in VARIANTS[device.type])
+        print(f"training, cell={cell} backend={backend}: bare loop {row['bare']:,.0f} tokens/s, lltm-train "
+              f"{row['lltm_train']:,.0f} tokens/s ({row['lltm_train_vs_bare']:.2f}x of the bare loop){extra}", flush=True)
+        result["rows"].append(row)
+    return result
