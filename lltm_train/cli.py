@@ -80,6 +80,16 @@ def _cell_backends() -> str:
     return ",".join(f"{c}_{b}" for c in CELLS for b in backends if (c, b) != ("lltm", "torch"))
 
 
+def _fused_and_torch() -> str:
+    """Each cell on this machine's fused backend (cuda with a GPU, else cpp) and torch.nn's LSTM and GRU, as
+    options of conf/cell_backend/ (experiment=compare_cells): e.g. lltm_cpp,lstm_cpp,gru_cpp,lstm_torch,gru_torch."""
+    from .backends import available_backends
+    from .ops.cells import CELLS
+
+    fused = "cuda" if "cuda" in available_backends() else "cpp"
+    return ",".join([*(f"{c}_{fused}" for c in CELLS), *(f"{c}_torch" for c in CELLS if c != "lltm")])
+
+
 def _accelerator_for(backend: str) -> str:
     """Where a backend runs: cpp on the CPU, cuda on the GPU, python, torch and auto wherever Lightning picks."""
     return {"cpp": "cpu", "cuda": "gpu"}.get(str(backend), "auto")
@@ -88,6 +98,7 @@ def _accelerator_for(backend: str) -> str:
 OmegaConf.register_new_resolver("lltm_swept", _swept_settings, replace=True)
 OmegaConf.register_new_resolver("lltm_accelerator", _accelerator_for, replace=True)
 OmegaConf.register_new_resolver("lltm_cell_backends", _cell_backends, replace=True)
+OmegaConf.register_new_resolver("lltm_fused_and_torch", _fused_and_torch, replace=True)
 OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
 OmegaConf.register_new_resolver(  # hparams_search: maximise accuracies, minimise the rest
     "lltm_direction", lambda metric: "maximize" if higher_is_better(str(metric)) else "minimize", replace=True)

@@ -1,11 +1,14 @@
 """``lltm-report DIR``: one table (and plots) comparing the runs of a run folder or of a whole sweep.
 
-It reads what each run left: TensorBoard's event files (through tensorboard's own ``EventAccumulator``),
-``.hydra/overrides.yaml`` and ``.hydra/config.yaml``, the logger's ``hparams.yaml``, ``error.txt`` of a failed
-sweep job and ``checkpoints/last.ckpt``'s step. It writes ``report.md`` and ``report.csv`` (one row per run,
-best metric first; failed and unfinished runs are listed too), and PNG plots with matplotlib: the
-validation metric against step and against wall-clock seconds, the smoothed training loss, and tokens/s
-per run. A folder copied from another machine works: nothing but these files is read.
+It reads what each run left: TensorBoard's event files (through tensorboard's own ``EventAccumulator``) or
+the CSV logger's ``csv/metrics.csv`` (``logger=csv``), ``.hydra/overrides.yaml`` and ``.hydra/config.yaml``,
+the logger's ``hparams.yaml``, ``error.txt`` of a failed sweep job and ``checkpoints/last.ckpt``'s step. It
+writes ``report.md`` and ``report.csv`` (one row per run, best metric first; failed and unfinished runs are
+listed too), and PNG plots with matplotlib: the validation metric against step and against seconds of
+training (``time/train_seconds``, counted across resumes), with the Pareto front of quality against time
+marked, the smoothed training loss, and tokens/s per run. ``--at-seconds S`` ranks the runs by the metric
+they had reached after S seconds of training: the fair comparison of runs with equal time budgets. A folder
+copied from another machine works: nothing but these files is read.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
-# wall_s: seconds from the start of the run's logging to its last logged value; tokens_per_s: the run's average
-COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "tokens_per_s",
-           "peak_cuda_mib", "wall_s", "parameters"]
+# wall_s: seconds of training to the last logged value (time/train_seconds; else from the run's first log);
+# tokens_per_s: the run's average; at_seconds: the metric at --at-seconds (the last validation by then)
+COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "at_seconds",
+           "tokens_per_s", "peak_cuda_mib", "wall_s", "parameters"]
 
 
 HIGHER_IS_BETTER = ("acc",)  # metric names (after the stage/) ranked best-highest; every other one best-lowest
@@ -52,6 +56,23 @@ class Run:
     def curve(self, tag: str) -> list[tuple[int, float, float]]:
         return self.curves.get(tag, [])
 
+    def timed(self, tag: str) -> list[tuple[float, float]]:
+        """(seconds of training, value) of a curve: the seconds from ``time/train_seconds`` logged at the same
+        step (validations), else the wall time since the run's first log (TensorBoard only)."""
+        seconds = {s: v for s, _, v in self.curve("time/train_seconds")}
+        if seconds:
+            return [(seconds[s], v) for s, _, v in self.curve(tag) if s in seconds]
+        start = self.started if self.started is not None else min(
+            (t for c in self.curves.values() for _, t, _ in c if math.isfinite(t)), default=None)
+        if start is None:
+            return []
+        return [(t - start, v) for _, t, v in self.curve(tag) if math.isfinite(t)]
+
+    def at_seconds(self, tag: str, seconds: float) -> float | None:
+        """The value of ``tag`` at its last point within ``seconds`` of training (None: none by then)."""
+        reached = [v for t, v in self.timed(tag) if t <= seconds]
+        return reached[-1] if reached else None
+
 
 def _yaml(path: Path):
     try:
@@ -61,9 +82,11 @@ def _yaml(path: Path):
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Run folders under ``root`` (itself included): those with a ``.hydra`` folder or TensorBoard events."""
+    """Run folders under ``root`` (itself included): those with a ``.hydra`` folder, TensorBoard events or a
+    CSV logger's metrics."""
     found = {p.parent for p in root.rglob(".hydra") if p.is_dir()}
     found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == "tensorboard"}
+    found |= {p.parent.parent for p in root.rglob("metrics.csv") if p.parent.name == "csv"}
     return sorted(found)
 
 
@@ -76,13 +99,15 @@ def read_run(path: Path) -> Run:
     overrides = _yaml(path / ".hydra" / "overrides.yaml") or []
     run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra."))
     config = _yaml(path / ".hydra" / "config.yaml") or {}
-    hparams = _yaml(path / "tensorboard" / "hparams.yaml") or {}
+    hparams = _yaml(path / "tensorboard" / "hparams.yaml") or _yaml(path / "csv" / "hparams.yaml") or {}
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
     if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
     run.cell = str((config.get("model") or {}).get("cell", ""))
     run.parameters = hparams.get("num_parameters")
     run.optimized_metric = config.get("optimized_metric")
+    if (path / "csv" / "metrics.csv").is_file():
+        run.curves = _csv_curves(path / "csv" / "metrics.csv")
     if (path / "tensorboard").is_dir():
         acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
@@ -110,6 +135,26 @@ def read_run(path: Path) -> Run:
     return run
 
 
+def _csv_curves(path: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """Lightning's CSVLogger file as curves: tag -> (step, nan (no wall time), value); a step logged again
+    (by a resumed run) keeps its last value."""
+    curves: dict[str, dict[int, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                step = int(float(row.get("step") or "nan"))
+            except ValueError:
+                continue
+            for tag, value in row.items():
+                if tag in ("step", "epoch") or value in ("", None):
+                    continue
+                try:
+                    curves.setdefault(tag, {})[step] = float(value)
+                except ValueError:
+                    continue
+    return {tag: [(s, math.nan, v) for s, v in sorted(points.items())] for tag, points in curves.items()}
+
+
 def _shortened(text: str, limit: int = 100) -> str:
     """``text`` cut at a word boundary to at most ``limit`` characters, with an ellipsis when cut."""
     if len(text) <= limit:
@@ -133,9 +178,10 @@ def _label(run: Run, changed: list[str]) -> str:
     return text if len(text) <= 72 else text[:71] + "…"
 
 
-def summarise(runs: list[Run], metric: str) -> list[dict]:
-    """One row per run (see COLUMNS), best final ``metric`` first (highest for accuracies, else lowest); runs
-    without it, or whose final value is not finite (diverged), last and unranked."""
+def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> list[dict]:
+    """One row per run (see COLUMNS), best final ``metric`` first (highest for accuracies, else lowest), or
+    best ``metric`` reached within ``at_seconds`` of training; runs without it, or whose value is not finite
+    (diverged), last and unranked."""
     sign = -1.0 if higher_is_better(metric) else 1.0
     changed = _changed_keys(runs)
     rows = []
@@ -148,22 +194,27 @@ def summarise(runs: list[Run], metric: str) -> list[dict]:
         average = r.curve("throughput/tokens_per_s_run_average")  # else (older runs) the mean of the windows
         tokens = [average[-1][2]] if average else [v for _, _, v in r.curve("throughput/tokens_per_s")]
         memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
-        times = [t for c in r.curves.values() for _, t, _ in c]
+        times = [t for c in r.curves.values() for _, t, _ in c if math.isfinite(t)]
+        seconds = [t for t, _ in r.timed("time/train_seconds")] or [t for t, _ in r.timed(metric)]
+        reached = r.at_seconds(metric, at_seconds) if at_seconds is not None else None
         rows.append({
             "rank": None, "run": str(r.path), "status": status,
             "changed": " ".join(f"{k}={short_number(r.overrides.get(k, '-'))}" for k in changed),
             "backend": r.backend, "cell": r.cell,
             "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
             "best_step": best[0] if best else None,
+            "at_seconds": reached if reached is not None and math.isfinite(reached) else None,
             "tokens_per_s": sum(tokens) / len(tokens) if tokens else None,
             "peak_cuda_mib": max(memory) if memory else None,
-            "wall_s": (max(times) - min(times + ([r.started] if r.started else []))) or None if times else None,
+            "wall_s": max(seconds) if seconds else
+            ((max(times) - min(times + ([r.started] if r.started else []))) or None if times else None),
             "parameters": r.parameters,
         })
     # ranked: the finished runs; then the unfinished and failed ones that logged the metric, then the others
-    rows.sort(key=lambda row: (row["status"] != "finished" or row["final"] is None, row["final"] is None,
-                               sign * row["final"] if row["final"] is not None else 0))
-    ranked = [row for row in rows if row["status"] == "finished" and row["final"] is not None]
+    key = "final" if at_seconds is None else "at_seconds"
+    rows.sort(key=lambda row: (row["status"] != "finished" or row[key] is None, row[key] is None,
+                               sign * row[key] if row[key] is not None else 0))
+    ranked = [row for row in rows if row["status"] == "finished" and row[key] is not None]
     for rank, row in enumerate(ranked, 1):
         row["rank"] = rank
     return rows
@@ -185,11 +236,24 @@ def _cell(value) -> str:
     return str(value)
 
 
-def markdown(rows: list[dict], metric: str) -> str:
-    head = [c if c not in ("final", "best") else f"{c} {metric}" for c in COLUMNS]
+def markdown(rows: list[dict], metric: str, at_seconds: float | None = None) -> str:
+    columns = [c for c in COLUMNS if c != "at_seconds" or at_seconds is not None]
+    head = [f"{c} {metric}" if c in ("final", "best") else f"{metric} at {at_seconds:g} s" if c == "at_seconds" else c
+            for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    lines += ["| " + " | ".join(_cell(row[c]).replace("|", "/") for c in COLUMNS) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(row[c]).replace("|", "/") for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def pareto_front(points: list[tuple[float, float]], higher_better: bool) -> list[tuple[float, float]]:
+    """The (seconds, value) points that no other point beats on both: as fast or faster and as good or
+    better (a better value than every point before it in time)."""
+    front, best = [], None
+    for t, v in sorted(points, key=lambda p: (p[0], -p[1] if higher_better else p[1])):
+        if math.isfinite(v) and (best is None or (v > best if higher_better else v < best)):
+            front.append((t, v))
+            best = v
+    return front
 
 
 def _legend(ax) -> None:
@@ -214,17 +278,26 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
         plt.close(fig)
         written.append(out / name)
 
-    for x, name in (("step", "metric_vs_step.png"), ("seconds", "metric_vs_time.png")):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in runs:
-            values = r.curve(metric)
-            if values:
-                start = min(t for c in r.curves.values() for _, t, _ in c)
-                xs = [s for s, _, _ in values] if x == "step" else [t - start for _, t, _ in values]
-                ax.plot(xs, [v for _, _, v in values], marker="o", ms=3, label=label[r.path])
-        ax.set(xlabel="step" if x == "step" else "wall-clock seconds since the run's first log", ylabel=metric)
-        _legend(ax)
-        save(fig, name)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        values = r.curve(metric)
+        if values:
+            ax.plot([s for s, _, _ in values], [v for _, _, v in values], marker="o", ms=3, label=label[r.path])
+    ax.set(xlabel="step", ylabel=metric)
+    _legend(ax)
+    save(fig, "metric_vs_step.png")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        values = r.timed(metric)
+        if values:
+            ax.plot([t for t, _ in values], [v for _, v in values], marker="o", ms=3, label=label[r.path])
+    front = pareto_front([p for r in runs for p in r.timed(metric)], higher_is_better(metric))
+    if len(front) > 1:
+        ax.step([t for t, _ in front], [v for _, v in front], where="post", color="black", ls="--", lw=1,
+                label="Pareto front")
+    ax.set(xlabel="seconds of training", ylabel=metric)
+    _legend(ax)
+    save(fig, "metric_vs_time.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
         values, smooth, ema = r.curve("train/loss"), [], None
@@ -276,7 +349,12 @@ def main(argv: list[str] | None = None) -> None:
                         f"{', '.join(HIGHER_IS_BETTER)} (val/loss, val/bpc, val/acc, val/mae, ...); default: the runs' "
                         "optimized_metric setting (val/bpc for experiment=compare_backends and hparams_search=lm_optuna), "
                         "else val/loss")
+    parser.add_argument("--at-seconds", type=float, metavar="S",
+                        help="rank by the metric each run had reached after S seconds of training (its last "
+                        "validation by then), instead of by its final value")
     a = parser.parse_args(argv)
+    if a.at_seconds is not None and not (a.at_seconds > 0 and math.isfinite(a.at_seconds)):
+        parser.error(f"--at-seconds: a positive number of seconds, not {a.at_seconds:g}")
     root = Path(a.dir)
     if not root.is_dir():
         print(f"lltm-report: error: no such folder: {root}", file=sys.stderr)
@@ -301,13 +379,14 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         print(f"lltm-report: error: cannot write the report into {out}: {exc.strerror or exc}", file=sys.stderr)
         sys.exit(2)
-    rows = summarise(runs, a.metric)
+    rows = summarise(runs, a.metric, a.at_seconds)
     for row in rows:
         row["run"] = str(Path(row["run"]).relative_to(root)) if Path(row["run"]) != root else "."
-    table = markdown(rows, a.metric)
+    table = markdown(rows, a.metric, a.at_seconds)
     plots = plot(runs, a.metric, out)
     better = "higher" if higher_is_better(a.metric) else "lower"
-    (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by the final {a.metric} ({better} is better; finished runs "
+    by = f"the {a.metric} reached within {a.at_seconds:g} seconds of training" if a.at_seconds else f"the final {a.metric}"
+    (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by {by} ({better} is better; finished runs "
                                    f"only).\n\n{table}\n"
                                    + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))

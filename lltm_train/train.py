@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
+import re
 from pathlib import Path
 
 import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,6 +23,7 @@ from .config import ConfigError, check_config
 from .data import SequenceDataModule
 from .strategies import DDPStrategy
 from .tasks import LLTMTask
+from .tasks.budget import unfinished_schedule
 from .tb_views import describe_run, end_run, metric_tags
 
 log = logging.getLogger("lltm_train")
@@ -102,6 +105,19 @@ def _batches_per_step(trainer_cfg: DictConfig) -> dict:
     return {}
 
 
+def _max_time(trainer_cfg: DictConfig) -> dict:
+    """``trainer.max_time`` as a number of seconds (``trainer.max_time=90``), besides Lightning's own forms
+    ("DD:HH:MM:SS", a dict such as {minutes: 5})."""
+    value = trainer_cfg.get("max_time")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not value > 0:
+            raise ConfigError(f"trainer.max_time must be positive (seconds, or DD:HH:MM:SS), got {value}")
+        return {"max_time": datetime.timedelta(seconds=float(value))}
+    if isinstance(value, str) and not re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
+        raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600) or DD:HH:MM:SS, got {value!r}")
+    return {}
+
+
 def _strategy(trainer_cfg: DictConfig) -> dict:
     """``trainer.strategy=ddp``, and ``auto`` with more than one device or node, is
     :class:`lltm_train.strategies.DDPStrategy` (Lightning's, with the model wrapped on the training stream);
@@ -134,7 +150,7 @@ def _prepare(cfg: DictConfig):
     if not logger:  # the learning-rate monitor has nothing to write to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer),
-                                     **_strategy(cfg.trainer))
+                                     **_strategy(cfg.trainer), **_max_time(cfg.trainer))
     _check_run(cfg, trainer, task)
     _check_processes(cfg, trainer, datamodule)
     if cfg.backend == "cuda" and not torch.cuda.is_available():
@@ -228,6 +244,10 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
                   output_dir: Path) -> None:
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     _save_final_state(trainer, output_dir / "checkpoints")
+    if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run and task.scheduler_factory:
+        note = unfinished_schedule(trainer, task.clock)
+        if note:
+            log.warning(note)
     if _needs_final_validation(trainer, task):
         trainer.validate(task, datamodule=datamodule, verbose=False)
     if cfg.test:
@@ -261,4 +281,6 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
          + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
          + (f"\n  best checkpoint: {best}" if best else "")
          + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"
-            if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers) else ""))
+            if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers) else "")
+         + (f"\n  MLflow: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
+            if any(isinstance(lg, MLFlowLogger) for lg in trainer.loggers) else ""))

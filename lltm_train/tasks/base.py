@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 
 from .. import validation as v
 from ..data.base import Batch
+from .budget import TrainingClock, planned_steps
 from .captured import CapturedStep, why_not_captured
 
 
@@ -38,7 +39,8 @@ class LLTMTask(L.LightningModule, ABC):
     Args:
         optimizer: a partial optimiser taking the parameters (Hydra ``_partial_: true``), default AdamW(lr=3e-3).
         scheduler: a partial LR scheduler taking (optimizer, total_steps), where total_steps() returns the
-            run's current number of optimiser steps (see :func:`~lltm_train.tasks.schedule.warmup_cosine`);
+            run's current number of optimiser steps (see :func:`~lltm_train.tasks.schedule.warmup_cosine`;
+            with ``trainer.max_time``, the steps the time left allows: :mod:`lltm_train.tasks.budget`);
             stepped every optimiser step.
         compile: compile the network with ``torch.compile`` (``nn.Module.compile``; state dict keys unchanged).
         baseline_loss: validation loss of a trivial predictor, logged as ``val/baseline_loss``.
@@ -82,6 +84,7 @@ class LLTMTask(L.LightningModule, ABC):
         self.cuda_graph = cuda_graph
         self._captured: CapturedStep | None = None  # set when training starts (on_train_start)
         self.graph_replays = 0  # the last fit's steps that ran as CUDA graph replays
+        self.clock = TrainingClock()  # seconds of training, across resumes (logged as time/train_seconds)
         self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
         self.divergence = v.one_of(type(self).__name__, "divergence", divergence, ("warn", "stop"))
         self.diverged: str | None = None  # why the run counts as diverged (None: it does not)
@@ -215,10 +218,12 @@ class LLTMTask(L.LightningModule, ABC):
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.global_step
             if self.trainer.state.fn == "fit":  # a validation during training (not trainer.validate)
+                self.log("time/train_seconds", self.clock.seconds(), rank_zero_only=True)  # lltm-report's time axis
                 self._check_divergence()
 
     def on_train_start(self) -> None:
         self._restore_resumed_state()
+        self.clock.start(self.global_step)
         optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
         reason = None if self.cuda_graph is False else (
             why_not_captured(self.trainer, self, optimizer) if optimizer is not None else "no optimiser")
@@ -324,11 +329,13 @@ class LLTMTask(L.LightningModule, ABC):
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
             "skipped_steps": self._skipped_before + (int(self._skipped) if self._skipped is not None else 0),
             "task": f"{type(self).__module__}.{type(self).__qualname__}",  # which class loads it (lltm_train.inference)
+            "train_seconds": self.clock.seconds(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resumed_state = checkpoint.get("lltm_train")  # applied when training starts: see on_train_start
         self._skipped_before = self._skipped_reported = int((self._resumed_state or {}).get("skipped_steps", 0))
+        self.clock.offset = float((self._resumed_state or {}).get("train_seconds", 0.0))
 
     def _restore_resumed_state(self) -> None:
         state = getattr(self, "_resumed_state", None)
@@ -358,5 +365,5 @@ class LLTMTask(L.LightningModule, ABC):
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer, total_steps=lambda: self.trainer.estimated_stepping_batches)
+        scheduler = self.scheduler_factory(optimizer, total_steps=lambda: planned_steps(self.trainer, self.clock))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

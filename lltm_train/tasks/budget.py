@@ -1,0 +1,63 @@
+"""Training time: the seconds a run has trained (counted across resumes), and the number of steps that the
+learning-rate schedule spans when ``trainer.max_time`` (Lightning's time budget) limits the run."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from lightning.pytorch.callbacks import Timer
+
+# The schedule's length before the first step's time is known (with a time budget and no step limit): long
+# enough that the first step is taken at a small fraction of the peak learning rate, in the warm-up.
+PROVISIONAL_STEPS = 1_000_000.0
+
+
+class TrainingClock:
+    """Seconds of training (from the start of ``fit``'s training, validations included, as Lightning's
+    ``max_time`` counts them), plus the seconds of the runs this one resumed (:attr:`offset`, restored from
+    the checkpoint)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self._started: float | None = None
+        self._start_step = 0
+
+    def start(self, step: int) -> None:
+        self._started, self._start_step = time.perf_counter(), step
+
+    def seconds(self) -> float:
+        return self.offset + (time.perf_counter() - self._started if self._started is not None else 0.0)
+
+    def this_run(self, step: int) -> tuple[int, float]:
+        """(steps, seconds) trained since this run started."""
+        if self._started is None:
+            return 0, 0.0
+        return step - self._start_step, time.perf_counter() - self._started
+
+
+def planned_steps(trainer, clock: TrainingClock) -> float:
+    """The optimiser steps the run will take, for the learning-rate schedule (``total_steps``): Lightning's
+    estimate from ``max_steps`` and ``max_epochs`` (inf when neither bounds it); with ``max_time``, no more
+    than the steps the time left allows at this run's pace so far, re-estimated at every step, so that a run
+    that stops on time ends its schedule as it stops."""
+    steps = float(trainer.estimated_stepping_batches)
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    remaining = timer.time_remaining("train") if timer is not None else None
+    if remaining is None:
+        return steps
+    done, spent = clock.this_run(trainer.global_step)
+    if done < 1 or spent <= 0:
+        return min(steps, PROVISIONAL_STEPS)
+    return min(steps, trainer.global_step + max(0.0, remaining) * done / spent)
+
+
+def unfinished_schedule(trainer, clock: TrainingClock) -> str | None:
+    """One line when a run ended before the end of its learning-rate schedule (stopped by a callback, for
+    instance), else None."""
+    total = planned_steps(trainer, clock)
+    step = trainer.global_step
+    if not math.isfinite(total) or step >= 0.98 * total:
+        return None
+    return (f"lltm-train: training stopped at step {step}, {step / total:.0%} of the {total:,.0f} steps its learning-rate "
+            "schedule spans: the learning rate had not decayed to its end")

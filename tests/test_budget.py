@@ -1,0 +1,116 @@
+"""Fair comparisons: a time budget (trainer.max_time) that the learning-rate schedule spans,
+experiment=compare_cells and lltm-report's ranking at equal seconds (CPU)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+
+import lightning as L
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lltm_train.config import ConfigError
+from lltm_train.report import Run, main as report_main, pareto_front, read_run, summarise
+from lltm_train.train import train
+from test_preemption import run
+from test_training import make_cfg
+
+SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1"]
+
+
+def scalars(directory, tag):
+    acc = EventAccumulator(str(directory / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_a_time_budget_ends_the_run_on_time_with_its_schedule_finished(tmp_path, caplog):
+    """trainer.max_time in seconds with no step limit: the run stops after that many seconds of training; its
+    learning rate warmed up, peaked and decayed to (nearly) its end as the time ran out; time/train_seconds
+    is logged at each validation; no line about an unfinished schedule."""
+    cfg = make_cfg(tmp_path, *SMALL, "trainer.max_time=4", "trainer.max_steps=-1", "trainer.val_check_interval=20",
+                   "trainer.log_every_n_steps=5")
+    with caplog.at_level(logging.WARNING, logger="lltm_train"):
+        train(cfg)
+    lrs = [v for _, v in scalars(tmp_path, "lr-AdamW")]
+    peak = max(lrs)
+    assert lrs[0] < 0.5 * peak and lrs[-1] < 0.05 * peak and lrs.index(peak) < 0.5 * len(lrs)
+    seconds = [v for _, v in scalars(tmp_path, "time/train_seconds")]
+    assert seconds == sorted(seconds) and 4 <= seconds[-1] < 6
+    assert not any("schedule" in r.getMessage() for r in caplog.records)
+
+
+class StopAt(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def test_a_run_stopped_before_its_schedule_ends_says_so_in_one_line(tmp_path, caplog):
+    cfg = make_cfg(tmp_path, *SMALL, "trainer.max_steps=100", "trainer.val_check_interval=10",
+                   "+callbacks.stop._target_=test_budget.StopAt", "+callbacks.stop.step=10")
+    with caplog.at_level(logging.WARNING, logger="lltm_train"):
+        train(cfg)
+    lines = [r.getMessage() for r in caplog.records if "schedule" in r.getMessage()]
+    assert lines == ["lltm-train: training stopped at step 10, 10% of the 100 steps its learning-rate schedule spans: "
+                     "the learning rate had not decayed to its end"]
+
+
+def test_a_resumed_time_budget_counts_the_seconds_already_trained(tmp_path):
+    """A run of 3 s resumed with a budget of 5 s trains about 2 s more: its clock goes on from 3 s."""
+    common = [*SMALL, "trainer.max_steps=-1", "trainer.val_check_interval=20", "hydra.run.dir=run"]
+    first = run(tmp_path, "trainer.accelerator=cpu", *common, "trainer.max_time=3")
+    assert first.returncode == 0, first.stderr[-2000:]
+    steps_first = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    resumed = run(tmp_path, "trainer.accelerator=cpu", *common, "trainer.max_time=5", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    seconds = scalars(tmp_path / "run", "time/train_seconds")
+    after = [v for s, v in seconds if s >= steps_first]
+    assert after and min(after) >= 3 and 5 <= max(after) < 7.5
+
+
+@pytest.mark.parametrize("value, message", [("0", "trainer.max_time must be positive"),
+                                            ("soon", "trainer.max_time")])
+def test_a_bad_time_budget_is_one_line(tmp_path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        train(make_cfg(tmp_path, *SMALL, f"trainer.max_time={value}"))
+
+
+def _run(seconds_values: list[tuple[float, float]]) -> Run:
+    r = Run(path=__import__("pathlib").Path(f"r{len(seconds_values)}_{seconds_values[0][1]}"))
+    r.curves = {"time/train_seconds": [(i, float("nan"), t) for i, (t, _) in enumerate(seconds_values)],
+                "val/bpc": [(i, float("nan"), v) for i, (_, v) in enumerate(seconds_values)]}
+    return r
+
+
+def test_ranking_at_equal_seconds_and_the_pareto_front():
+    """A fast run that is better at 10 s, a slow one better at the end: --at-seconds ranks by the value each
+    had by then; the Pareto front keeps the points no other point beats in both time and quality."""
+    fast = _run([(5, 3.0), (10, 2.5), (20, 2.4)])
+    slow = _run([(8, 3.2), (16, 2.6), (30, 2.1)])
+    assert [row["run"] for row in summarise([fast, slow], "val/bpc")] == [str(slow.path), str(fast.path)]
+    at10 = summarise([fast, slow], "val/bpc", at_seconds=10)
+    assert [(row["run"], row["at_seconds"]) for row in at10] == [(str(fast.path), 2.5), (str(slow.path), 3.2)]
+    assert slow.at_seconds("val/bpc", 7) is None
+    points = [p for r in (fast, slow) for p in r.timed("val/bpc")]
+    assert pareto_front(points, higher_better=False) == [(5, 3.0), (10, 2.5), (20, 2.4), (30, 2.1)]
+    assert pareto_front([(1, 0.5), (2, 0.4), (3, 0.9)], higher_better=True) == [(1, 0.5), (3, 0.9)]
+
+
+def test_compare_cells_gives_every_contender_the_same_seconds_and_ranks_them(tmp_path):
+    result = run(tmp_path, "experiment=compare_cells", "cell_backend=lltm_cpp,lstm_torch", "model.hidden_size=8,16",
+                 "trainer.max_time=2", "trainer.val_check_interval=10", "dataset.batch_size=4", "dataset.seq_len=16",
+                 "model.embedding_dim=4", "trainer.limit_val_batches=1", "callbacks.progress_bar.refresh_rate=0",
+                 "hydra.sweep.dir=cells")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "cells" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["status"] == "finished" for r in rows)
+    assert {(r["cell"], r["backend"]) for r in rows} == {("lltm", "cpp"), ("lstm", "torch.nn")}
+    assert all(2 <= float(r["wall_s"]) < 4 for r in rows)  # seconds of training at the last validation
+    assert (tmp_path / "cells" / "metric_vs_time.png").is_file()

@@ -1,0 +1,44 @@
+"""The loggers users have besides TensorBoard, end to end: logger=csv (read by lltm-report) and
+logger=mlflow (a local file store in the run folder, no server)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from lltm_train.report import main as report_main, read_run
+from lltm_train.train import train
+from test_training import make_cfg
+
+SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1",
+         "trainer.max_steps=20", "trainer.val_check_interval=10"]
+
+
+def test_the_csv_logger_is_read_by_the_report(tmp_path, capsys):
+    """logger=csv writes csv/metrics.csv and hparams.yaml; lltm-report ranks the run from them, with its
+    seconds of training from time/train_seconds (CSV rows have no wall time)."""
+    train(make_cfg(tmp_path / "run", *SMALL, "logger=csv"))
+    assert (tmp_path / "run" / "csv" / "metrics.csv").is_file() and not (tmp_path / "run" / "tensorboard").exists()
+    r = read_run(tmp_path / "run")
+    assert [s for s, _, _ in r.curve("val/bpc")] == [9, 19] and r.backend == "cpp" and r.parameters
+    assert len(r.timed("val/bpc")) == 2 and 0 < r.timed("val/bpc")[0][0] < r.timed("val/bpc")[1][0]
+    report_main([str(tmp_path / "run"), "--metric", "val/bpc", "--at-seconds", "1000"])
+    with open(tmp_path / "run" / "report.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["status"] == "finished" and float(row["at_seconds"]) == float(row["final"]) == r.curve("val/bpc")[-1][2]
+
+
+
+def test_the_mlflow_logger_keeps_the_run_in_a_local_store(tmp_path):
+    """logger=mlflow: the run's parameters and metrics in <run dir>/mlflow.db, read back with MLflow's client."""
+    pytest.importorskip("mlflow", reason="logger=mlflow needs mlflow (pip install '.[mlflow]', part of the dev extra)")
+    from mlflow.tracking import MlflowClient
+
+    metrics = train(make_cfg(tmp_path, *SMALL, "logger=mlflow"))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("lltm-train").experiment_id])
+    assert run.data.params["backend_used"] == "cpp" and run.data.params["model/cell"] == "lltm"
+    history = client.get_metric_history(run.info.run_id, "val/bpc")
+    assert [m.step for m in history] == [9, 19] and history[-1].value == pytest.approx(metrics["val/bpc"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "time/train_seconds")] == [9, 19]
