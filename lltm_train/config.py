@@ -108,8 +108,8 @@ def check_node(node: DictConfig, key: str) -> None:
                     check_node(item, f"{full}[{i}]")
             continue
         plain = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
-        if full == "trainer.max_time" and isinstance(plain, (int, float)) and not isinstance(plain, bool):
-            continue  # seconds: lltm_train.train turns them into Lightning's timedelta
+        if full == "trainer.max_time":
+            continue  # lltm_train.train checks it and turns it into Lightning's timedelta
         if plain is None and hints[name] is not typing.Any and type(None) not in typing.get_args(hints[name]):
             raise ConfigError(f"{full}: expected {inspect.formatannotation(hints[name])}, got null")
         try:

@@ -82,11 +82,12 @@ def _yaml(path: Path):
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Run folders under ``root`` (itself included): those with a ``.hydra`` folder, TensorBoard events or a
-    CSV logger's metrics."""
+    """Run folders under ``root`` (itself included): those with a ``.hydra`` folder, TensorBoard events, a
+    CSV logger's metrics or an MLflow store."""
     found = {p.parent for p in root.rglob(".hydra") if p.is_dir()}
     found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == "tensorboard"}
     found |= {p.parent.parent for p in root.rglob("metrics.csv") if p.parent.name == "csv"}
+    found |= {p.parent for p in root.rglob("mlflow.db")}
     return sorted(found)
 
 
@@ -100,6 +101,8 @@ def read_run(path: Path) -> Run:
     run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra."))
     config = _yaml(path / ".hydra" / "config.yaml") or {}
     hparams = _yaml(path / "tensorboard" / "hparams.yaml") or _yaml(path / "csv" / "hparams.yaml") or {}
+    if not hparams and (path / "mlflow.db").is_file():
+        hparams = _mlflow_params(path / "mlflow.db")
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
     if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
@@ -107,7 +110,10 @@ def read_run(path: Path) -> Run:
     run.parameters = hparams.get("num_parameters")
     run.optimized_metric = config.get("optimized_metric")
     if (path / "csv" / "metrics.csv").is_file():
-        run.curves = _csv_curves(path / "csv" / "metrics.csv")
+        run.curves = _csv_curves(path / "csv")
+    elif (path / "mlflow.db").is_file():
+        run.curves = _mlflow_curves(path / "mlflow.db")
+        run.started = min((t for c in run.curves.values() for _, t, _ in c), default=None)
     if (path / "tensorboard").is_dir():
         acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
@@ -135,24 +141,65 @@ def read_run(path: Path) -> Run:
     return run
 
 
-def _csv_curves(path: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """Lightning's CSVLogger file as curves: tag -> (step, nan (no wall time), value); a step logged again
-    (by a resumed run) keeps its last value."""
+def _csv_curves(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """Lightning's CSVLogger files of a run as curves: tag -> (step, nan (no wall time), value). The first
+    run's ``csv/metrics.csv``, then each resume's ``csv/resumed_step<N>/metrics.csv``, whose values replace
+    the earlier ones from step N on (what the resumed run logged again)."""
+    resumed = sorted(folder.glob("resumed_step*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))
     curves: dict[str, dict[int, float]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                step = int(float(row.get("step") or "nan"))
-            except ValueError:
-                continue
-            for tag, value in row.items():
-                if tag in ("step", "epoch") or value in ("", None):
-                    continue
+    for path in [folder / "metrics.csv", *resumed]:
+        if path.parent != folder:  # a resume: what the earlier files hold from its step on is superseded
+            start = int(re.sub(r"\D", "", path.parent.name) or 0)
+            curves = {tag: {s: v for s, v in points.items() if s < start} for tag, points in curves.items()}
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
                 try:
-                    curves.setdefault(tag, {})[step] = float(value)
+                    step = int(float(row.get("step") or "nan"))
                 except ValueError:
                     continue
-    return {tag: [(s, math.nan, v) for s, v in sorted(points.items())] for tag, points in curves.items()}
+                for tag, value in row.items():
+                    if tag in ("step", "epoch") or value in ("", None):
+                        continue
+                    try:
+                        curves.setdefault(tag, {})[step] = float(value)
+                    except ValueError:
+                        continue
+    return {tag: [(s, math.nan, v) for s, v in sorted(points.items())] for tag, points in curves.items() if points}
+
+
+def _mlflow_rows(db: Path, query: str) -> list[tuple]:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            return connection.execute(query).fetchall()
+    except sqlite3.Error:
+        return []
+
+
+def _mlflow_curves(db: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """MLflow's store of a run folder (logger=mlflow: ``mlflow.db``, SQLite) as curves, read with sqlite3
+    (no mlflow needed): every MLflow run in it, oldest first, a resume's values replacing the earlier ones
+    at the steps it logged again."""
+    curves: dict[str, dict[int, tuple[float, float]]] = {}
+    rows = _mlflow_rows(db, "SELECT m.key, m.step, m.timestamp, m.value FROM metrics m JOIN runs r ON m.run_uuid = "
+                            "r.run_uuid ORDER BY r.start_time, m.timestamp")
+    for key, step, timestamp, value in rows:
+        curves.setdefault(key, {})[int(step)] = (timestamp / 1000.0, float(value))
+    return {tag: [(s, t, v) for s, (t, v) in sorted(points.items())] for tag, points in curves.items()}
+
+
+def _mlflow_params(db: Path) -> dict:
+    """The parameters lltm-train logged to the newest MLflow run of the store (backend_used, num_parameters)."""
+    rows = _mlflow_rows(db, "SELECT p.key, p.value FROM params p JOIN runs r ON p.run_uuid = r.run_uuid "
+                            "ORDER BY r.start_time")
+    params = {key: value for key, value in rows}
+    if "num_parameters" in params:
+        try:
+            params["num_parameters"] = int(params["num_parameters"])
+        except ValueError:
+            params.pop("num_parameters")
+    return params
 
 
 def _shortened(text: str, limit: int = 100) -> str:
@@ -243,6 +290,19 @@ def markdown(rows: list[dict], metric: str, at_seconds: float | None = None) -> 
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(_cell(row[c]).replace("|", "/") for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _at_seconds_notes(runs: list[Run], rows: list[dict], metric: str, seconds: float) -> str:
+    """What a ranking at ``seconds`` cannot say by itself: runs that had not validated by then, and runs whose
+    training ended before then (their value is their final one)."""
+    lines = []
+    early = [min(t for t, _ in r.timed(metric)) for r in runs if r.timed(metric)]
+    if early and all(row["at_seconds"] is None for row in rows):
+        lines.append(f"No run had logged {metric} by {seconds:g} s of training (the earliest did at {min(early):.3g} s).")
+    ended = [r.path.name or str(r.path) for r in runs if r.timed(metric) and max(t for t, _ in r.timed(metric)) < seconds]
+    if ended:
+        lines.append(f"Trained for less than {seconds:g} s, ranked by their final {metric}: {', '.join(ended)}.")
+    return "".join(f"{line}\n" for line in lines) + ("\n" if lines else "")
 
 
 def pareto_front(points: list[tuple[float, float]], higher_better: bool) -> list[tuple[float, float]]:
@@ -385,9 +445,10 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(rows, a.metric, a.at_seconds)
     plots = plot(runs, a.metric, out)
     better = "higher" if higher_is_better(a.metric) else "lower"
-    by = f"the {a.metric} reached within {a.at_seconds:g} seconds of training" if a.at_seconds else f"the final {a.metric}"
+    by = f"the {a.metric} reached within {a.at_seconds:g} s of training" if a.at_seconds else f"the final {a.metric}"
+    notes = _at_seconds_notes(runs, rows, a.metric, a.at_seconds) if a.at_seconds else ""
     (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by {by} ({better} is better; finished runs "
-                                   f"only).\n\n{table}\n"
+                                   f"only).\n\n{table}\n{notes}"
                                    + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
     with open(out / "report.csv", "w", newline="") as f:
@@ -395,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         writer.writeheader()
         writer.writerows({k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v) for k, v in row.items()}
                          for row in rows)
-    print(table + f"lltm-report: wrote {out / 'report.md'}, report.csv and {len(plots)} plots")
+    print(table + notes + f"lltm-report: wrote {out / 'report.md'}, report.csv and {len(plots)} plots")
 
 
 if __name__ == "__main__":

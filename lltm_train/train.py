@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -90,10 +91,17 @@ def _check_processes(cfg: DictConfig, trainer: L.Trainer, datamodule: SequenceDa
 
 def _logger_resume_args(logger_cfg: DictConfig, resumed_step: int | None) -> dict:
     """A resumed run's TensorBoard writer hides what the killed run logged after its checkpoint (steps
-    from ``resumed_step`` on, which the resumed run logs again): each curve then has one point a step."""
-    if resumed_step is None or get_class(logger_cfg._target_) is not TensorBoardLogger:
+    from ``resumed_step`` on, which the resumed run logs again): each curve then has one point a step.
+    Lightning's CSV logger would delete the earlier file: a resumed run writes a file of its own
+    (``csv/resumed_step<N>/metrics.csv``), which lltm-report reads after the first."""
+    if resumed_step is None:
         return {}
-    return {"purge_step": resumed_step}
+    target = get_class(logger_cfg._target_)
+    if target is TensorBoardLogger:
+        return {"purge_step": resumed_step}
+    if target is CSVLogger:
+        return {"version": f"resumed_step{resumed_step}"}
+    return {}
 
 
 def _batches_per_step(trainer_cfg: DictConfig) -> dict:
@@ -106,16 +114,30 @@ def _batches_per_step(trainer_cfg: DictConfig) -> dict:
 
 
 def _max_time(trainer_cfg: DictConfig) -> dict:
-    """``trainer.max_time`` as a number of seconds (``trainer.max_time=90``), besides Lightning's own forms
-    ("DD:HH:MM:SS", a dict such as {minutes: 5})."""
+    """``trainer.max_time``, checked and given to Lightning as a timedelta: seconds (``trainer.max_time=90``),
+    "DD:HH:MM:SS", or a dict of timedelta's keys such as {minutes: 5}."""
     value = trainer_cfg.get("max_time")
+    if value is None:
+        return {}
+    if isinstance(value, DictConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not value > 0:
-            raise ConfigError(f"trainer.max_time must be positive (seconds, or DD:HH:MM:SS), got {value}")
-        return {"max_time": datetime.timedelta(seconds=float(value))}
-    if isinstance(value, str) and not re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
-        raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600) or DD:HH:MM:SS, got {value!r}")
-    return {}
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
+        days, hours, minutes, secs = (int(part) for part in value.strip().split(":"))
+        seconds = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=secs).total_seconds()
+    elif isinstance(value, dict) and value and set(value) <= {"days", "hours", "minutes", "seconds"} and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+        seconds = sum(float(v) * {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}[k] for k, v in value.items())
+    if seconds is None:
+        raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600), DD:HH:MM:SS or a dict such as {{minutes: 5}}, "
+                          f"got {value!r}")
+    if not (seconds > 0 and math.isfinite(seconds) and seconds < 1e9):
+        raise ConfigError(f"trainer.max_time must be a positive, finite time under 30 years, got {value!r} ({seconds:g} s)")
+    return {"max_time": datetime.timedelta(seconds=seconds)}
 
 
 def _strategy(trainer_cfg: DictConfig) -> dict:

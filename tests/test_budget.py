@@ -74,11 +74,28 @@ def test_a_resumed_time_budget_counts_the_seconds_already_trained(tmp_path):
     assert after and min(after) >= 3 and 5 <= max(after) < 7.5
 
 
-@pytest.mark.parametrize("value, message", [("0", "trainer.max_time must be positive"),
-                                            ("soon", "trainer.max_time")])
+    spent = run(tmp_path, "trainer.accelerator=cpu", *common, "trainer.max_time=2", "ckpt_path=last")
+    assert spent.returncode == 0, spent.stderr[-2000:]
+    assert "the time budget (trainer.max_time) was spent before this run started" in spent.stderr
+    assert "learning-rate schedule spans" not in spent.stderr.split("was spent")[1]  # no line about the schedule
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "trainer.max_time must be a positive"), ("0:0:0:0", "must be a positive"), ("inf", "must be a positive"),
+    ("soon", "trainer.max_time: expected seconds"), ("true", "expected seconds"), ("[1,2]", "expected seconds"),
+    ("{weeks: 1}", "expected seconds")])
 def test_a_bad_time_budget_is_one_line(tmp_path, value, message):
     with pytest.raises(ConfigError, match=message):
         train(make_cfg(tmp_path, *SMALL, f"trainer.max_time={value}"))
+
+
+@pytest.mark.parametrize("value, seconds", [("90", 90), ("2.5", 2.5), ("'00:01:00:05'", 3605), ("{minutes: 1.5}", 90),
+                                            ("{hours: 1, seconds: 2}", 3602)])
+def test_every_form_of_time_budget_is_understood(tmp_path, value, seconds):
+    from lltm_train.train import _max_time
+
+    cfg = make_cfg(tmp_path, f"trainer.max_time={value}")
+    assert _max_time(cfg.trainer)["max_time"].total_seconds() == seconds
 
 
 def _run(seconds_values: list[tuple[float, float]]) -> Run:
@@ -100,6 +117,17 @@ def test_ranking_at_equal_seconds_and_the_pareto_front():
     points = [p for r in (fast, slow) for p in r.timed("val/bpc")]
     assert pareto_front(points, higher_better=False) == [(5, 3.0), (10, 2.5), (20, 2.4), (30, 2.1)]
     assert pareto_front([(1, 0.5), (2, 0.4), (3, 0.9)], higher_better=True) == [(1, 0.5), (3, 0.9)]
+
+
+def test_a_ranking_at_seconds_says_which_runs_it_cannot_judge_there():
+    from lltm_train.report import _at_seconds_notes
+
+    fast = _run([(5, 3.0), (10, 2.5), (20, 2.4)])
+    slow = _run([(8, 3.2), (16, 2.6), (30, 2.1)])
+    early = _at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=1), "val/bpc", 1)
+    assert early == "No run had logged val/bpc by 1 s of training (the earliest did at 5 s).\n\n"
+    late = _at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=25), "val/bpc", 25)
+    assert late == f"Trained for less than 25 s, ranked by their final val/bpc: {fast.path.name}.\n\n"
 
 
 def test_compare_cells_gives_every_contender_the_same_seconds_and_ranks_them(tmp_path):

@@ -88,7 +88,7 @@ def test_bad_setting_fails_before_training_with_one_clear_line(tmp_path, overrid
     (["callbacks=null"], "callbacks=null: every run needs the callbacks group; choose one of default; drop one callback"),
     (["trainer=null"], "trainer=null: every run needs the trainer group; choose one of default"),
     (["~trainer"], "~trainer: every run needs the trainer group"),
-    (["logger=null"], "logger=null: every run needs the logger group; choose one of none, tensorboard; logger=none"),
+    (["logger=null"], "logger=null: every run needs the logger group; choose one of csv, mlflow, none, tensorboard; logger=none"),
 ])
 def test_the_command_prints_one_line_and_exits_2(tmp_path, overrides, message):
     result = lltm_train(tmp_path, *overrides)

@@ -42,3 +42,25 @@ def test_the_mlflow_logger_keeps_the_run_in_a_local_store(tmp_path):
     history = client.get_metric_history(run.info.run_id, "val/bpc")
     assert [m.step for m in history] == [9, 19] and history[-1].value == pytest.approx(metrics["val/bpc"])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "time/train_seconds")] == [9, 19]
+    read = read_run(tmp_path)  # lltm-report reads the store with sqlite3
+    assert read.backend == "cpp" and read.parameters and [s for s, _, _ in read.curve("val/bpc")] == [9, 19]
+    assert [v for _, _, v in read.curve("val/bpc")] == [m.value for m in history] and read.status == "finished"
+
+
+def test_a_resumed_csv_run_keeps_the_first_runs_rows(tmp_path):
+    """Lightning's CSV logger would delete the earlier file: the resumed run writes its own, and the report
+    reads both, the resumed run's values replacing the earlier ones from its step on."""
+    from test_preemption import run
+
+    common = [*SMALL, "logger=csv", "trainer.accelerator=cpu", "hydra.run.dir=run"]
+    first = run(tmp_path, *common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run(tmp_path, *[o for o in common if not o.startswith("trainer.max_steps")], "trainer.max_steps=40",
+                  "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()
+    assert (tmp_path / "run" / "csv" / "resumed_step20" / "metrics.csv").is_file()
+    r = read_run(tmp_path / "run")
+    assert [s for s, _, _ in r.curve("val/bpc")] == [9, 19, 29, 39]
+    steps = [s for s, _, _ in r.curve("train/loss")]
+    assert steps and steps == sorted(set(steps))  # one value a step

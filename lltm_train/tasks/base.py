@@ -7,6 +7,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Literal
 
 import lightning as L
 import torch
@@ -16,7 +17,7 @@ from torchmetrics import MeanMetric
 
 from .. import validation as v
 from ..data.base import Batch
-from .budget import TrainingClock, planned_steps
+from .budget import TrainingClock, budget_note, planned_steps, spent_budget
 from .captured import CapturedStep, why_not_captured
 
 
@@ -77,10 +78,10 @@ class LLTMTask(L.LightningModule, ABC):
 
     def __init__(self, optimizer: Callable | None = None, scheduler: Callable | None = None, compile: bool = False,
                  baseline_loss: float | None = None, nonfinite: str = "stop", divergence: str = "warn",
-                 cuda_graph: bool | str = "auto") -> None:
+                 cuda_graph: bool | Literal["auto"] = "auto") -> None:
         super().__init__()
         if cuda_graph not in ("auto", True, False):
-            raise ValueError(f"{type(self).__name__}: cuda_graph must be auto, true or false, got {cuda_graph!r}")
+            raise ValueError(f"model.cuda_graph: expected auto, true or false, got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
         self._captured: CapturedStep | None = None  # set when training starts (on_train_start)
         self.graph_replays = 0  # the last fit's steps that ran as CUDA graph replays
@@ -221,9 +222,15 @@ class LLTMTask(L.LightningModule, ABC):
                 self.log("time/train_seconds", self.clock.seconds(), rank_zero_only=True)  # lltm-report's time axis
                 self._check_divergence()
 
+    def on_fit_start(self) -> None:
+        spent = spent_budget(self.trainer)  # the Timer's state is restored; Lightning then skips the training
+        if spent:
+            _warn(spent)
+
     def on_train_start(self) -> None:
         self._restore_resumed_state()
         self.clock.start(self.global_step)
+        self._budget_said = False
         optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
         reason = None if self.cuda_graph is False else (
             why_not_captured(self.trainer, self, optimizer) if optimizer is not None else "no optimiser")
@@ -299,6 +306,11 @@ class LLTMTask(L.LightningModule, ABC):
                     p.grad = None
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if not getattr(self, "_budget_said", True) and self.clock.this_run(self.global_step)[0] >= 20:
+            self._budget_said = True  # once, when the pace of 20 steps is known
+            note = budget_note(self.trainer, self.clock)
+            if note:
+                _info(note)
         if self._check_skipped and self._skipped is not None:
             # a logging step: this synchronisation is shared with the logs
             self.log("train/skipped_steps", float(self._report_skipped()), on_step=True, on_epoch=False)

@@ -36,13 +36,17 @@ class TrainingClock:
         return step - self._start_step, time.perf_counter() - self._started
 
 
+def _timer(trainer) -> Timer | None:
+    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+
+
 def planned_steps(trainer, clock: TrainingClock) -> float:
     """The optimiser steps the run will take, for the learning-rate schedule (``total_steps``): Lightning's
     estimate from ``max_steps`` and ``max_epochs`` (inf when neither bounds it); with ``max_time``, no more
     than the steps the time left allows at this run's pace so far, re-estimated at every step, so that a run
     that stops on time ends its schedule as it stops."""
     steps = float(trainer.estimated_stepping_batches)
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    timer = _timer(trainer)
     remaining = timer.time_remaining("train") if timer is not None else None
     if remaining is None:
         return steps
@@ -55,9 +59,35 @@ def planned_steps(trainer, clock: TrainingClock) -> float:
 def unfinished_schedule(trainer, clock: TrainingClock) -> str | None:
     """One line when a run ended before the end of its learning-rate schedule (stopped by a callback, for
     instance), else None."""
+    timer = _timer(trainer)
+    if timer is not None and (timer.time_remaining("train") or 0.0) <= 0:
+        return None  # it ended on time: the schedule ended with it
     total = planned_steps(trainer, clock)
     step = trainer.global_step
     if not math.isfinite(total) or step >= 0.98 * total:
         return None
     return (f"lltm-train: training stopped at step {step}, {step / total:.0%} of the {total:,.0f} steps its learning-rate "
             "schedule spans: the learning rate had not decayed to its end")
+
+
+def budget_note(trainer, clock: TrainingClock) -> str | None:
+    """With a time budget that bounds the run more than its steps do: how many steps it allows at this pace,
+    which the schedule spans (said once, after some steps)."""
+    timer = _timer(trainer)
+    if timer is None or timer.time_remaining("train") is None:
+        return None
+    total = planned_steps(trainer, clock)
+    if total >= float(trainer.estimated_stepping_batches):
+        return None
+    budget = timer.time_elapsed("train") + max(0.0, timer.time_remaining("train"))
+    return (f"lltm-train: at this pace the time budget (trainer.max_time, {budget:,.0f} s) allows about {total:,.0f} "
+            "steps: the learning-rate schedule spans them")
+
+
+def spent_budget(trainer) -> str | None:
+    """A resumed run whose time budget the earlier runs used up already."""
+    timer = _timer(trainer)
+    if timer is None or (timer.time_remaining("train") or 0.0) > 0:
+        return None
+    return (f"lltm-train: warning: the time budget (trainer.max_time) was spent before this run started "
+            f"({timer.time_elapsed('train'):,.1f} s trained); raise trainer.max_time to train on")
