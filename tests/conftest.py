@@ -26,14 +26,20 @@ DEVICE_BACKENDS = [
     ),
 ]
 
-# Fresh random inputs on every run, reproducible from the seed in the report header:
-# LLTM_TEST_SEED=<seed> pytest ... replays them. Each test's seed also depends on its own name, so a
-# test sees the same inputs whichever other tests run before it.
-SESSION_SEED = int(os.environ.get("LLTM_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+# Fresh random inputs on every run, reproducible from the seed in the report header (and after the summary
+# of a run that failed): LLTM_TEST_SEED=<seed> pytest ... replays them. Each test's seed also depends on its
+# own name, so a test sees the same inputs whichever other tests run before it. The seed goes into the
+# environment, so that pytest-xdist's workers (started after this import) share the controller's.
+SESSION_SEED = int(os.environ.setdefault("LLTM_TEST_SEED", str(int.from_bytes(os.urandom(4), "little"))))
 
 
 def pytest_report_header(config) -> str:
     return f"LLTM_TEST_SEED={SESSION_SEED} (set it to replay this run's random inputs)"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if exitstatus not in (0, 5):  # the header is hidden under -q: a failure's inputs replay with this
+        terminalreporter.write_line(f"LLTM_TEST_SEED={SESSION_SEED} replays this run's random inputs")
 
 
 @pytest.fixture(params=DEVICE_BACKENDS)
