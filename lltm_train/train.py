@@ -121,17 +121,17 @@ def _max_time(trainer_cfg: DictConfig) -> dict:
         return {}
     if isinstance(value, DictConfig):
         value = OmegaConf.to_container(value, resolve=True)
+    units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+    if isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
+        value = dict(zip(units, (int(part) for part in value.strip().split(":"))))
     seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
         seconds = float(value)
-    elif isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
-        days, hours, minutes, secs = (int(part) for part in value.strip().split(":"))
-        seconds = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=secs).total_seconds()
-    elif isinstance(value, dict) and value and set(value) <= {"days", "hours", "minutes", "seconds"} and all(
+    elif isinstance(value, dict) and value and set(value) <= set(units) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
-        seconds = sum(float(v) * {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}[k] for k, v in value.items())
+        seconds = sum(float(v) * units[k] for k, v in value.items())
     if seconds is None:
         raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600), DD:HH:MM:SS or a dict such as {{minutes: 5}}, "
                           f"got {value!r}")

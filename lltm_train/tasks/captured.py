@@ -29,6 +29,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
+import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
@@ -66,8 +67,6 @@ def why_not_captured(trainer, module, optimizer) -> str | None:
 
 def _overrides(owner, hook: str) -> bool:
     """Whether ``owner``'s class defines ``hook`` itself rather than inheriting Lightning's empty one."""
-    import lightning as L
-
     base = L.LightningModule if isinstance(owner, L.LightningModule) else L.Callback
     return getattr(type(owner), hook) is not getattr(base, hook)
 
@@ -104,8 +103,7 @@ class CapturedStep:
         if batch.lengths is not None:
             self._say("lengths", "batches with lengths (variable-length sequences) train eagerly")
             return self._eager(batch)
-        key = (tuple(batch.x.shape), batch.x.dtype, tuple(batch.y.shape), batch.y.dtype,
-               torch.is_autocast_enabled("cuda"), torch.is_grad_enabled())
+        key = (tuple(batch.x.shape), batch.x.dtype, tuple(batch.y.shape), batch.y.dtype)
         entry = self.graphs.get(key)
         if entry is None:
             if self.disabled:
