@@ -42,10 +42,12 @@ namespace cg = cooperative_groups;
 
 constexpr int kRows = 8;  // batch rows per cluster: the N of mma.m16n8k*
 // Waves of clusters up to which the persistent kernels beat one GEMM per step over the whole batch (the
-// stepped path), measured on an H200 (BENCHMARKS.md): about 4 for H <= 256; 2 for H = 512, where 7 clusters
-// of 16 blocks fit at once (the time doubles from B = 56 to 64); bfloat16, T = 128: B = 96 (2 waves) runs at
-// 1.29x the stepped path, B = 128 (3 waves) at 0.93x.
-constexpr int max_waves(int H) { return H <= 256 ? 4 : 2; }
+// stepped path), measured on an H200 for every cell (scripts/persistent_waves.py, BENCHMARKS.md), T = 128:
+// about 4 for H <= 128 (bfloat16, B = 1024 runs at 1.11x-1.45x the stepped path) and for float32 at H = 256
+// (B = 512 at 1.19x-1.27x); 2 for 16-bit H = 256 (B = 256 at 1.07x-1.12x, B = 512 at 0.76x-0.79x) and for
+// H = 512, where 7 clusters of 16 blocks fit at once (B = 96 at 1.28x-1.31x, B = 128 at 0.95x).
+template <typename scalar_t>
+constexpr int max_waves(int H) { return H <= 128 || (H <= 256 && sizeof(scalar_t) == 4) ? 4 : 2; }
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
@@ -174,7 +176,12 @@ struct ForwardConfig {
   static constexpr int RS = U + 4;           // partial-sum rows: conflict-free stores from fragments
   static constexpr int PAIRS = U * kRows;
   static constexpr int NP = (PAIRS + NT - 1) / NT;
+  // Dynamic shared memory: h_{t-1} of the cluster's rows, double-buffered, then the partial gate sums of the
+  // K split (the LSTM's 4 gates at H = 512 need 53 KB, beyond the 48 KB a kernel may declare statically).
+  static constexpr int kHbufBytes = 2 * kRows * HS * static_cast<int>(sizeof(typename Op::smem_t));
+  static constexpr int kSmemBytes = kHbufBytes + S * NG * kRows * RS * static_cast<int>(sizeof(float));
   static_assert(H % (16 * C) == 0 && NK % S == 0, "unsupported hidden size");
+  static_assert(kHbufBytes % 16 == 0 && kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 template <typename Cell, typename scalar_t, int H>
@@ -241,8 +248,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   constexpr int NG = Cfg::NG, A = Cell::kSaved;
   constexpr int C = Cfg::C, U = Cfg::U, G = Cfg::G, S = Cfg::S, NKW = Cfg::NKW, HS = Cfg::HS, RS = Cfg::RS;
   constexpr int NT = Cfg::NT, NP = Cfg::NP, KS = Op::KS;
-  __shared__ __align__(16) smem_t hbuf[2][kRows][HS];  // h_{t-1} of the cluster's rows, double-buffered
-  __shared__ float red[S][NG][kRows][RS];              // partial gate sums of the K split
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto& hbuf = *reinterpret_cast<smem_t(*)[2][kRows][HS]>(smem);             // h_{t-1}, double-buffered
+  auto& red = *reinterpret_cast<float(*)[S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);  // partial gate sums
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -485,20 +493,25 @@ int max_cluster() {
 }
 
 // Clusters of more than 8 blocks need the kernel's opt-in (per device; a cheap call), which a GPU may refuse.
+// Also the kernel's dynamic shared memory beyond the default 48 KB (the same kind of opt-in).
 template <typename Kernel>
-cudaError_t allow_cluster(Kernel kernel, int cluster) {
+cudaError_t allow_cluster(Kernel kernel, int cluster, int smem) {
   if (cluster > max_cluster()) return cudaErrorNotSupported;
+  if (smem > 48 * 1024) {
+    const cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (error != cudaSuccess) return error;
+  }
   return cluster > 8 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
 template <typename Kernel, typename Params>
-void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& params) {
-  C10_CUDA_CHECK(allow_cluster(kernel, cluster));
+void launch(Kernel kernel, int threads, int cluster, int smem, int64_t B, const Params& params) {
+  C10_CUDA_CHECK(allow_cluster(kernel, cluster, smem));
   const int64_t clusters = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -513,7 +526,7 @@ void launch(Kernel kernel, int threads, int cluster, int64_t B, const Params& pa
 // Clusters of this kernel that fit on the device at once (asked once per kernel and device; kernels of one
 // element type share a function type, so the kernel's address is part of the key).
 template <typename Kernel>
-int max_active_clusters(Kernel kernel, int threads, int cluster) {
+int max_active_clusters(Kernel kernel, int threads, int cluster, int smem) {
   static std::mutex mutex;
   static std::map<std::pair<int, const void*>, int> known;
   const std::pair<int, const void*> key{at::cuda::current_device(), reinterpret_cast<const void*>(kernel)};
@@ -523,6 +536,7 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(cluster);
   config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = cluster;
@@ -531,7 +545,7 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
   config.attrs = attribute;
   config.numAttrs = 1;
   int n = 0;  // a device that refuses clusters of this size: 0, and the stepped path runs
-  if (allow_cluster(kernel, cluster) != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+  if (allow_cluster(kernel, cluster, smem) != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
@@ -540,25 +554,21 @@ int max_active_clusters(Kernel kernel, int threads, int cluster) {
 }
 
 // Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel for this cell and element
-// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM; float32 would need 96). The LSTM and GRU have none yet: their register budgets (4 gates, the GRU's split
-// candidate) are measured before they get any (until then they take the stepped path).
+// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM, 64 for the LSTM; float32
+// would need twice as many).
 template <typename Cell, typename scalar_t, typename F>
 bool with_hidden_size(int64_t H, F f) {
-  if constexpr (!std::is_same_v<Cell, LLTMCell>) {
-    return false;
-  } else {
-    switch (H) {
-      case 64: f(std::integral_constant<int, 64>{}); return true;
-      case 128: f(std::integral_constant<int, 128>{}); return true;
-      case 256: f(std::integral_constant<int, 256>{}); return true;
-      case 512:
-        if constexpr (sizeof(scalar_t) == 2) {
-          f(std::integral_constant<int, 512>{});
-          return true;
-        }
-        return false;
-      default: return false;
-    }
+  switch (H) {
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    case 256: f(std::integral_constant<int, 256>{}); return true;
+    case 512:
+      if constexpr (sizeof(scalar_t) == 2) {
+        f(std::integral_constant<int, 512>{});
+        return true;
+      }
+      return false;
+    default: return false;
   }
 }
 
@@ -597,8 +607,8 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_ba
     with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
-      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C);
-      ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves(kH) * static_cast<int64_t>(active));
+      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes);
+      ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves<scalar_t>(kH) * static_cast<int64_t>(active));
     });
   });
   return ok;
@@ -619,7 +629,7 @@ void persistent_forward(const ForwardTensors& f) {
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
-      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, B, params);
+      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });
@@ -642,7 +652,7 @@ void persistent_backward(const BackwardTensors& g) {
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = BackwardConfig<Cell, scalar_t, kH>;
-      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, B, params);
+      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, 0, B, params);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
   });

@@ -17,6 +17,7 @@ median of ``--repeats`` timings, every contender measured in the same process on
 
     lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell, every cell
     lltm-bench --device cuda --dtype bfloat16 --cells lstm,gru --json bench.json
+    lltm-bench --device cuda --dtype best --configs gpu-S,gpu-M,gpu-L,gpu-XL   # each in its fastest dtype
     lltm-bench --training --device cuda --steps 300
     lltm-bench --sweep T --plot plots/           # tokens/s and memory against T (or B, H): bench_sweep.py
 """
@@ -43,6 +44,7 @@ CONFIGS = {  # name: (T, B, input_size, hidden_size)
     "gpu-S": (512, 32, 64, 128),
     "gpu-M": (128, 64, 256, 512),
     "gpu-L": (256, 128, 1024, 1024),
+    "gpu-XL": (128, 256, 1024, 2048),
     "cpu-S": (128, 32, 64, 128),
     "cpu-M": (64, 64, 256, 512),
 }
@@ -227,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)} (default: by device)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "best"], default="float32",
+                        help="best: every layer in each dtype, credited with its fastest (bench_best.py)")
     parser.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to time (default: all)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
@@ -242,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the raw figures and the machine to this file")
     args = parser.parse_args(argv)
     configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
+    if args.dtype == "best" and not args.configs:
+        configs = [c for c in configs if c != "seed-cell"]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
@@ -255,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--values and --plot go with --sweep")
     if args.sweep and (args.jit or args.training or args.configs or args.dtype != "float32"):
         parser.error("--sweep times float32 layers: it does not go with --jit, --training, --configs or --dtype")
+    if args.dtype == "best" and (args.jit or args.training):
+        parser.error("--dtype best times layers: it does not go with --jit or --training")
     if args.jit and args.training:
         parser.error("--jit and --training are separate runs")
     try:
@@ -299,6 +306,10 @@ def main(argv: list[str] | None = None) -> None:
         from .bench_training import run_training
 
         results = run_training(device, args.steps)
+    elif args.dtype == "best":
+        from .bench_best import run_best
+
+        results = run_best(configs, device, args.repeats, [CELLS[c] for c in cells])
     else:
         results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])
     if args.json:

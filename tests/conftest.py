@@ -42,6 +42,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_line(f"LLTM_TEST_SEED={SESSION_SEED} replays this run's random inputs")
 
 
+def pytest_runtest_logreport(report) -> None:
+    """LLTM_TEST_FAILURES=<file>: each failure's test id and traceback appended to <file> as it happens, so a
+    run cut short (a device call's time limit) still says what failed and why. Under pytest-xdist the
+    controller receives every worker's reports and writes them."""
+    path = os.environ.get("LLTM_TEST_FAILURES")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"FAILED {report.nodeid} ({report.when}, LLTM_TEST_SEED={SESSION_SEED})\n{report.longreprtext[-4000:]}\n\n")
+
+
 @pytest.fixture(params=DEVICE_BACKENDS)
 def device_backend(request) -> tuple[str, str]:
     return request.param

@@ -70,3 +70,29 @@ def test_sizes_that_do_not_fit_in_memory_end_the_sweep_and_keep_the_points_measu
     assert [p["B"] for p in result["points"]] == [2]
     assert "B=10000000000000: out of memory" in capsys.readouterr().out
     assert (tmp_path / "scaling_cpu_B.png").is_file()
+
+
+def test_the_best_dtype_table_credits_each_contender_with_its_fastest_dtype():
+    from lltm_train.bench_best import format_table
+
+    def row(cell, baseline, theirs, ours):
+        best = lambda d: list(max(((v, k) for k, v in d.items())))  # noqa: E731
+        return {"config": "gpu-S", "cell": cell, "backend": "cuda", "baseline": baseline,
+                "tokens_per_s": {baseline: theirs, "cuda": ours}, "best": {baseline: best(theirs), "cuda": best(ours)},
+                "ratio_best": max(ours.values()) / max(theirs.values()),
+                "peak_mib": {baseline: {d: 200.0 for d in theirs}, "cuda": {d: 50.0 for d in ours}}}
+
+    rows = [row("lltm", "nn.LSTM", {"float32": 6e6, "float16": 7.5e6}, {"float32": 10e6, "bfloat16": 10.5e6}),
+            row("gru", "nn.GRU", {"float32": 10e6, "float16": 7e6}, {"float32": 9e6, "bfloat16": 11e6})]
+    table = format_table(rows)
+    assert "| gpu-S | lltm | 7.50 (nn.LSTM, float16) | 10.50 (bfloat16) | 1.40x | 50 / 200 |" in table
+    assert "| gpu-S | gru | 10.00 (nn.GRU, float32) | 11.00 (bfloat16) | 1.10x | 50 / 200 |" in table
+    # the LLTM against the faster of nn.LSTM's and nn.GRU's bests: nn.GRU in float32 here
+    assert "gpu-S: lltm / the best of nn.LSTM and nn.GRU (nn.GRU, float32, 10.00 M) 1.05x" in table
+
+
+@pytest.mark.parametrize("argv", [["--dtype", "best", "--training"], ["--dtype", "best", "--jit"]])
+def test_best_dtype_goes_with_layers_only(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2 and "--dtype best times layers" in capsys.readouterr().err

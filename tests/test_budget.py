@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import time
 
 import lightning as L
 import pytest
@@ -26,12 +27,23 @@ def scalars(directory, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def test_a_time_budget_ends_the_run_on_time_with_its_schedule_finished(tmp_path, caplog):
+class SlowFirstStep(L.Callback):
+    """The first step takes a second more, as a GPU's first step does (CUDA graph capture, compilation)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 0:
+            time.sleep(1.0)
+
+
+@pytest.mark.parametrize("slow_first_step", [False, True], ids=["steady", "slow first step"])
+def test_a_time_budget_ends_the_run_on_time_with_its_schedule_finished(tmp_path, caplog, slow_first_step):
     """trainer.max_time in seconds with no step limit: the run stops after that many seconds of training; its
     learning rate warmed up, peaked and decayed to (nearly) its end as the time ran out; time/train_seconds
-    is logged at each validation; no line about an unfinished schedule."""
+    is logged at each validation; no line about an unfinished schedule. A slow first step (set-up) does not
+    set the pace: on the H200 it once made the schedule reach its peak at the first step."""
+    slow = ["+callbacks.slow._target_=test_budget.SlowFirstStep"] if slow_first_step else []
     cfg = make_cfg(tmp_path, *SMALL, "trainer.max_time=4", "trainer.max_steps=-1", "trainer.val_check_interval=20",
-                   "trainer.log_every_n_steps=5")
+                   "trainer.log_every_n_steps=5", *slow)
     with caplog.at_level(logging.WARNING, logger="lltm_train"):
         train(cfg)
     lrs = [v for _, v in scalars(tmp_path, "lr-AdamW")]

@@ -17,6 +17,11 @@ from lltm_train.train import _prepare
 from test_training import LossRecorder, make_cfg
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)]
+# Weights after a dozen AdamW steps at lr 0.01, captured against eager: the captured step's optimiser is
+# capturable with its lr in a device tensor, the eager one takes a float, so the updates differ in their last
+# bits; Adam's g / (sqrt(v) + eps) turns that into up to 6e-6 on a weight whose gradients are near zero (H200,
+# 2026-12-01). 1e-4 is 1% of one step: a skipped, repeated or stale-lr step moves weights by about 1e-2.
+WEIGHT_ATOL = 1e-4
 MODULES = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}
 
 
@@ -50,7 +55,9 @@ def _train(cell: str, backend: str, batches: list[Batch], captured: bool):
     """A small language model trained on ``batches`` with fused AdamW, clipping and a schedule, eagerly or
     through :class:`CapturedStep`. Returns (losses, parameters, the CapturedStep or None)."""
     torch.manual_seed(0)
-    model = CharLM(11, hidden_size=32, embedding_dim=8, num_layers=2, dropout=0.2, cell=cell, backend=backend).cuda()
+    # torch.nn's layers with dropout between them are not captured (cuDNN's own dropout state): one layer
+    model = CharLM(11, hidden_size=32, embedding_dim=8, num_layers=1 if backend == "torch" else 2, dropout=0.2,
+                   cell=cell, backend=backend).cuda()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=0.01, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s))
@@ -89,7 +96,7 @@ def test_captured_steps_train_as_eager_steps_through_shape_changes(cell, backend
     assert len(runner.graphs) == 2 and runner.replays == 4 + 4 + 3
     assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
     for a, b in zip(weights, eager_weights):
-        assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b, rtol=1e-5, atol=WEIGHT_ATOL)
 
 
 @pytest.mark.parametrize("cell, backend", [("lltm", "cuda"), ("gru", "cuda"), ("lstm", "torch")])
@@ -98,7 +105,9 @@ def test_lltm_train_captures_the_step_and_trains_as_the_eager_step(tmp_path, cel
     weights of model.cuda_graph=false, and callbacks still see each step's loss."""
     common = ["dataset.seq_len=32", "dataset.batch_size=4", f"model.cell={cell}", f"backend={backend}",
               "trainer.accelerator=gpu", "trainer.max_steps=12", "trainer.val_check_interval=6",
-              "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "model.num_layers=2", "model.dropout=0.2"]
+              "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "model.dropout=0.2",
+              # torch.nn's layers with dropout between them are not captured (cuDNN's own dropout state)
+              f"model.num_layers={1 if backend == 'torch' else 2}"]
     runs = {}
     for graph in ("true", "false"):
         datamodule, task, trainer, _, _ = _prepare(make_cfg(tmp_path / graph, *common, f"model.cuda_graph={graph}"))
@@ -109,13 +118,14 @@ def test_lltm_train_captures_the_step_and_trains_as_the_eager_step(tmp_path, cel
     assert runs["true"][2] == 12 and runs["false"][2] == 0
     assert_close(runs["true"][0], runs["false"][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(runs["true"][1], runs["false"][1]):
-        assert_close(a, b, rtol=1e-4, atol=1e-6)
+        assert_close(a, b, rtol=1e-4, atol=WEIGHT_ATOL)
 
 
 @pytest.mark.parametrize("overrides, reason", [
     (["+trainer.accumulate_grad_batches=2"], "gradient accumulation"),
     (["model.optimizer.fused=false"], "is not a fused Adam or AdamW"),
     (["trainer.precision=16-mixed"], "16-mixed"),
+    (["model.cell=lstm", "backend=torch", "model.num_layers=2", "model.dropout=0.2"], "dropout between layers"),
 ])
 def test_a_step_that_cannot_be_captured_says_why_in_one_line_and_trains_eagerly(tmp_path, caplog, overrides, reason):
     cfg = make_cfg(tmp_path, "dataset.seq_len=16", "dataset.batch_size=4", "trainer.accelerator=gpu", "backend=cuda",

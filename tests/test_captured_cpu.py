@@ -65,3 +65,23 @@ def test_unchanged_restores_in_place():
         _step(model, optimizer, counter, x, y)
     assert ids == [p.data_ptr() for p in model.parameters()] + [v.data_ptr() for p in model.parameters()
                                                                 for v in optimizer.state[p].values()]
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (["model.cell=lstm", "backend=torch", "model.num_layers=2", "model.dropout=0.2"], True),
+    (["model.cell=gru", "backend=torch", "model.num_layers=2", "model.dropout=0.2"], True),
+    (["model.cell=lstm", "backend=torch", "model.num_layers=1", "model.dropout=0.2"], False),
+    (["model.cell=lstm", "backend=torch", "model.num_layers=2", "model.dropout=0.0"], False),
+    (["model.cell=lstm", "backend=python", "model.num_layers=2", "model.dropout=0.2"], False),
+])
+def test_torch_nn_layers_with_dropout_between_them_are_not_captured(tmp_path, overrides, refused):
+    """cuDNN's dropout between layers re-seeds itself with a host synchronisation after the capture's warm-up
+    restores the random-number state (a capture then fails, H200): such models train eagerly, named."""
+    from lltm_train.train import _prepare
+    from test_training import make_cfg
+
+    _, task, _, _, _ = _prepare(make_cfg(tmp_path, "trainer.accelerator=cpu", *overrides))
+    reason = task.capture_refusal()
+    assert (reason is not None) == refused
+    if refused:
+        assert "dropout between layers" in reason and "torch.nn." in reason

@@ -19,9 +19,9 @@ from lltm_train.ops.cells import CELLS, LLTM
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)]
 
-# hidden sizes: for the LLTM, 64, 128, 256 take the persistent kernels (float32, bfloat16, float16), 512 in
-# bfloat16 and float16 (clusters of 16 blocks) and the stepped path in float32; 200 the stepped path. The
-# LSTM and GRU take the stepped path at every size.
+# hidden sizes: for every cell, 64, 128, 256 take the persistent kernels (float32 with TF32, bfloat16,
+# float16), 512 in bfloat16 and float16 (clusters of 16 blocks) and the stepped path in float32; 200 the
+# stepped path.
 HIDDEN = [64, 128, 256, 512, 200]
 NAMES = {"lltm": ("output", "h_n", "c_n", "x", "h0", "c0", "w_ih", "w_hh", "b"),
          "lstm": ("output", "h_n", "c_n", "x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh"),
@@ -246,7 +246,10 @@ def kernel_names(p, lengths=None, cell=LLTM):
     ("lltm", torch.float32, 512, "high", False), ("lltm", torch.float32, 256, "high", True),
     ("lltm", torch.float32, 256, "highest", False), ("lltm", torch.bfloat16, 64, "highest", True),
     ("lltm", torch.float64, 128, "high", False), ("lltm", torch.bfloat16, 1024, "high", False),
-    ("lstm", torch.float32, 128, "high", False), ("gru", torch.bfloat16, 128, "high", False)])
+    ("lstm", torch.float32, 128, "high", True), ("lstm", torch.float32, 128, "highest", False),
+    ("lstm", torch.float16, 512, "high", True), ("lstm", torch.float32, 512, "high", False),
+    ("gru", torch.bfloat16, 128, "high", True), ("gru", torch.bfloat16, 512, "high", True),
+    ("gru", torch.float32, 64, "high", True), ("gru", torch.float32, 200, "high", False)])
 def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, precision, persistent):
     """float32 takes them with TF32 only ("high"); float32 precision ("highest") the stepped path."""
     torch.set_float32_matmul_precision(precision)  # the autouse fixture restores it
@@ -257,24 +260,25 @@ def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, precision, 
     assert ran == [persistent, persistent], sorted(names)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("H", [256, 512])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_variable_lengths_as_accurate_as_python(H, dtype):
+def test_16bit_variable_lengths_as_accurate_as_python(cell, H, dtype):
     """Rows that end early (lengths, as packed sequences give) on the 16-bit persistent kernels: outputs
     and gradients against float64 no worse than the python backend's in the same dtype, zeros after a
     row's end, and the same results twice (bitwise)."""
+    cell = CELLS[cell]
     T, B = 40, 11
-    p = params(T, B, 24, H, dtype, scale=0.5)
+    p = params(T, B, 24, H, dtype, scale=0.5, cell=cell)
     lengths = torch.tensor([40, 1, 0, 17, 40, 39, 2, 25, 40, 3, 8])
-    upstream = upstream_for(LLTM, T, B, H, dtype, scale=0.1)
-    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], lengths)
-    ours = forward_backward(p, "cuda", upstream, lengths)
-    python = relative_errors(forward_backward(p, "python", upstream, lengths), exact)
-    for name, a, b in zip(("output", "h_n", "c_n", "x", "h0", "c0", "w_ih", "w_hh", "b"),
-                          relative_errors(ours, exact), python):
+    upstream = upstream_for(cell, T, B, H, dtype, scale=0.1)
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], lengths, cell=cell)
+    ours = forward_backward(p, "cuda", upstream, lengths, cell=cell)
+    python = relative_errors(forward_backward(p, "python", upstream, lengths, cell=cell), exact)
+    for name, a, b in zip(NAMES[cell.name], relative_errors(ours, exact), python):
         assert a <= max(1.5 * b, 1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: cuda {a:.2e}, python {b:.2e}"
     assert torch.all(ours[0][17:, 3] == 0) and torch.all(ours[0][:, 2] == 0)
-    assert all(torch.equal(a, b) for a, b in zip(ours, forward_backward(p, "cuda", upstream, lengths)))
+    assert all(torch.equal(a, b) for a, b in zip(ours, forward_backward(p, "cuda", upstream, lengths, cell=cell)))
 
 
 @pytest.mark.parametrize("path, B, persistent", [("stepped", 9, False), ("persistent", 3000, True)])
@@ -312,6 +316,7 @@ from lltm_train.functional import rnn_layer
 from lltm_train.ops.cells import CELLS
 for cell, H, dtype in (("lltm", 64, torch.float32), ("lltm", 128, torch.bfloat16), ("lltm", 256, torch.float16),
                        ("lltm", 512, torch.bfloat16), ("lltm", 200, torch.float32), ("lstm", 128, torch.float32),
+                       ("lstm", 512, torch.float16), ("gru", 64, torch.float32), ("gru", 256, torch.bfloat16),
                        ("gru", 96, torch.bfloat16)):
     cell = CELLS[cell]
     G = cell.num_gates

@@ -115,7 +115,15 @@ class LLTMTask(L.LightningModule, ABC):
         """Computes the loss of a batch, updates the stage's metrics, returns the loss."""
 
     def capture_refusal(self) -> str | None:
-        """Why this task's training step cannot be captured as a CUDA graph (None: it can); see ``cuda_graph``."""
+        """Why this task's training step cannot be captured as a CUDA graph (None: it can); see ``cuda_graph``.
+
+        torch.nn's LSTM and GRU with dropout between layers: cuDNN keeps its own dropout random-number state,
+        which it re-seeds with a host synchronisation (illegal inside a capture) whenever the CUDA generator's
+        state was set, as the capture's warm-up does when it restores it."""
+        for module in self.net.modules():
+            if isinstance(module, torch.nn.RNNBase) and module.num_layers > 1 and module.dropout > 0:
+                return (f"torch.nn.{type(module).__name__}'s dropout between layers (cuDNN's own random numbers) "
+                        "re-seeds with a host synchronisation")
         return None
 
     def logged_metrics(self, spec) -> list[str]:

@@ -22,9 +22,10 @@ class TrainingClock:
         self.offset = 0.0
         self._started: float | None = None
         self._start_step = 0
+        self._paced: tuple[int, float] | None = None  # (step, time) when the run's first step had ended
 
     def start(self, step: int) -> None:
-        self._started, self._start_step = time.perf_counter(), step
+        self._started, self._start_step, self._paced = time.perf_counter(), step, None
 
     def seconds(self) -> float:
         return self.offset + (time.perf_counter() - self._started if self._started is not None else 0.0)
@@ -34,6 +35,17 @@ class TrainingClock:
         if self._started is None:
             return 0, 0.0
         return step - self._start_step, time.perf_counter() - self._started
+
+    def pace(self, step: int) -> tuple[int, float]:
+        """(steps, seconds) since this run's first step ended: the pace of training, without the first step's
+        one-time set-up (a CUDA graph's capture, compilation, cuDNN's autotuning), which can take more than
+        a short budget's thousands of steps. (0, 0.0) until a step after the first has ended."""
+        if self._started is None or step <= self._start_step:
+            return 0, 0.0
+        if self._paced is None:
+            self._paced = (step, time.perf_counter())
+            return 0, 0.0
+        return step - self._paced[0], time.perf_counter() - self._paced[1]
 
 
 def _timer(trainer) -> Timer | None:
@@ -50,7 +62,7 @@ def planned_steps(trainer, clock: TrainingClock) -> float:
     remaining = timer.time_remaining("train") if timer is not None else None
     if remaining is None:
         return steps
-    done, spent = clock.this_run(trainer.global_step)
+    done, spent = clock.pace(trainer.global_step)
     if done < 1 or spent <= 0:
         return min(steps, PROVISIONAL_STEPS)
     return min(steps, trainer.global_step + max(0.0, remaining) * done / spent)

@@ -60,7 +60,9 @@ class LanguageModelTask(LLTMTask):
         )
 
     def capture_refusal(self) -> str | None:
-        return "stateful=true carries the recurrent state from batch to batch" if self.stateful else None
+        if self.stateful:
+            return "stateful=true carries the recurrent state from batch to batch"
+        return super().capture_refusal()
 
     def step(self, batch: Batch, stage: str) -> Tensor:
         logits, state = self.net(batch.x.t(), self._carried.get(stage))  # time-major inside the network
