@@ -4,8 +4,11 @@
 #include "lltm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 
 namespace lltm {
@@ -14,6 +17,41 @@ namespace {
 struct Sizes {
   int64_t T, B, I, H;
 };
+
+// Large float32 GEMMs on the CPU go through oneDNN's matmul (ATen's mkldnn::_linear_pointwise, the op that
+// Inductor's CPU code calls), which runs AVX-512 kernels where MKL's sgemm takes its AVX2 path on AMD CPUs:
+// 1.7x-1.9x on cpu-M's projection and gradient GEMMs on a Zen 5 (BENCHMARKS.md). MKL (at::mm) for the
+// rest, for small products (the op's set-up) and where a torch build lacks the op.
+const c10::OperatorHandle* onednn_linear_op() {
+  static const std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op.has_value() ? &*op : nullptr;
+}
+
+// A matrix stored densely, by rows or by columns: oneDNN falls back to a reference kernel, hundreds of
+// times slower, for other strides (a narrowed block of the GRU's gate gradients).
+bool dense(const Tensor& t) { return t.is_contiguous() || t.t().is_contiguous(); }
+
+bool use_onednn(const Tensor& a, const Tensor& b) {
+  return a.is_cpu() && a.scalar_type() == at::kFloat && a.size(0) * a.size(1) * b.size(0) >= (int64_t{1} << 21) &&
+         dense(a) && dense(b) && onednn_linear_op() != nullptr;
+}
+
+// x w^T (+ bias): x (M, K), w (N, K), either may be a transposed view.
+Tensor onednn_or_mkl_linear(const Tensor& x, const Tensor& w, const OptTensor& bias = std::nullopt) {
+  if (!use_onednn(x, w)) return bias.has_value() ? at::addmm(*bias, x, w.t()) : at::mm(x, w.t());
+  torch::jit::Stack stack{x, w, bias.has_value() ? c10::IValue(*bias) : c10::IValue(), c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
+  onednn_linear_op()->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// dg^T m (a weight gradient: dg (M, N), m (M, K) -> (N, K)), as (m^T dg)^T, the form whose operands oneDNN
+// takes without copying them.
+Tensor weight_grad(const Tensor& dg, const Tensor& m) {
+  if (!use_onednn(m.t(), dg.t())) return dg.t().mm(m);
+  return onednn_or_mkl_linear(m.t(), dg.t()).t().contiguous();
+}
 
 // Messages are assembled as strings: streaming integers into the error message crashed (SIGSEGV in
 // std::ostream::_M_insert<long>) in a build with the H200 machine's g++ 13.3 and torch 2.11.
@@ -132,7 +170,7 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   // One GEMM projects the input of every time step; the recurrence adds h_{t-1} W_hh^T step by step.
   const Tensor x2d = a.input.reshape({s.T * s.B, s.I});
   const OptTensor bias = projection_bias<Cell>(a.bias_ih, a.bias_hh, s.H);
-  Tensor gates = bias.has_value() ? at::addmm(*bias, x2d, a.weight_ih.t()) : at::mm(x2d, a.weight_ih.t());
+  Tensor gates = onednn_or_mkl_linear(x2d, a.weight_ih, bias);
   gates = gates.view({s.T, s.B, G * s.H});
   ForwardTensors f;
   f.gates = gates;
@@ -196,12 +234,18 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     return m.is_cuda() && T * B > 4096 ? at::mv(m.t(), at::ones({T * B}, m.options())) : m.sum(0);
   };
   LayerGrads g;
-  Tensor grad_weight_hh = b.grad_gates[0].narrow(1, 0, G * H).t().mm(a.h0);
-  if (T > 1) {
-    grad_weight_hh.addmm_(b.grad_gates.slice(0, 1).reshape({(T - 1) * B, GB * H}).narrow(1, 0, G * H).t(),
-                          b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H}));
+  // One GEMM over h_{t-1} of every step (a copy of T x B x H, cheap beside the GEMM).
+  if (use_onednn(dgh.t(), b.output.reshape({T * B, H}).t())) {
+    const Tensor h_prev = T > 1 ? at::cat({b.h0, b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H})}) : b.h0;
+    g.weight_hh = weight_grad(dgh, h_prev);
+  } else {
+    Tensor grad_weight_hh = b.grad_gates[0].narrow(1, 0, G * H).t().mm(a.h0);
+    if (T > 1) {
+      grad_weight_hh.addmm_(b.grad_gates.slice(0, 1).reshape({(T - 1) * B, GB * H}).narrow(1, 0, G * H).t(),
+                            b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H}));
+    }
+    g.weight_hh = grad_weight_hh;
   }
-  g.weight_hh = grad_weight_hh;
   g.h0 = b.grad_h0;
   g.c0 = b.grad_c0;
   if constexpr (Cell::kSplit) {
@@ -219,8 +263,8 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     g.bias_hh = sums.narrow(0, 0, G * H);
     g.bias_ih = at::cat({sums.narrow(0, 0, U), sums.narrow(0, G * H, H)});
   } else {
-    g.input = dgh.mm(a.weight_ih).view({T, B, I});
-    g.weight_ih = dgh.t().mm(x2d);
+    g.input = onednn_or_mkl_linear(dgh, a.weight_ih.t()).view({T, B, I});
+    g.weight_ih = weight_grad(dgh, x2d);
     g.bias_ih = column_sums(dgh);
     g.bias_hh = g.bias_ih.clone();  // the same gradient, but outputs of an op must not alias
   }
