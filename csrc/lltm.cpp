@@ -32,10 +32,13 @@ const c10::OperatorHandle* onednn_linear_op() {
 // times slower, for other strides (a narrowed block of the GRU's gate gradients).
 bool dense(const Tensor& t) { return t.is_contiguous() || t.t().is_contiguous(); }
 
-bool use_onednn(const Tensor& a, const Tensor& b) {
-  return a.is_cpu() && a.scalar_type() == at::kFloat && a.size(0) * a.size(1) * b.size(0) >= (int64_t{1} << 21) &&
-         dense(a) && dense(b) && onednn_linear_op() != nullptr;
+// Whether a (M, K) times an operand with n columns goes to oneDNN (that operand dense too: use_onednn).
+bool onednn_fits(const Tensor& a, int64_t n) {
+  return a.is_cpu() && a.scalar_type() == at::kFloat && a.size(0) * a.size(1) * n >= (int64_t{1} << 21) &&
+         dense(a) && onednn_linear_op() != nullptr;
 }
+
+bool use_onednn(const Tensor& a, const Tensor& b) { return onednn_fits(a, b.size(0)) && dense(b); }
 
 // x w^T (+ bias): x (M, K), w (N, K), either may be a transposed view.
 Tensor onednn_or_mkl_linear(const Tensor& x, const Tensor& w, const OptTensor& bias = std::nullopt) {
@@ -234,10 +237,11 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     return m.is_cuda() && T * B > 4096 ? at::mv(m.t(), at::ones({T * B}, m.options())) : m.sum(0);
   };
   LayerGrads g;
-  // One GEMM over h_{t-1} of every step (a copy of T x B x H, cheap beside the GEMM).
-  if (use_onednn(dgh.t(), b.output.reshape({T * B, H}).t())) {
+  // One GEMM over h_{t-1} of every step (a copy of T x B x H, cheap beside the GEMM), on all of dg (dense; the
+  // GRU's split x-side block gives rows that are dropped).
+  if (onednn_fits(dg.t(), H)) {
     const Tensor h_prev = T > 1 ? at::cat({b.h0, b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H})}) : b.h0;
-    g.weight_hh = weight_grad(dgh, h_prev);
+    g.weight_hh = weight_grad(dg, h_prev).narrow(0, 0, G * H);
   } else {
     Tensor grad_weight_hh = b.grad_gates[0].narrow(1, 0, G * H).t().mm(a.h0);
     if (T > 1) {
@@ -252,13 +256,22 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     // dgx = [the h-side blocks of the unsplit gates, the split gate's x-side block]
     const int64_t U = (G - 1) * H;
     const Tensor dgx_split = dg.narrow(1, G * H, H);
-    g.input = dgh.narrow(1, 0, U).mm(a.weight_ih.narrow(0, 0, U));
-    g.input.addmm_(dgx_split, a.weight_ih.narrow(0, U, H));
-    g.input = g.input.view({T, B, I});
-    g.weight_ih = at::empty_like(a.weight_ih);
-    Tensor unsplit = g.weight_ih.narrow(0, 0, U), split = g.weight_ih.narrow(0, U, H);
-    at::mm_out(unsplit, dgh.narrow(1, 0, U).t(), x2d);
-    at::mm_out(split, dgx_split.t(), x2d);
+    if (onednn_fits(dg, I)) {
+      // All of dg (dense) at once: against W_ih with zeros for the split gate's h-side block, and the weight
+      // gradient's rows of that block dropped. A third more arithmetic at oneDNN's speed.
+      const Tensor w = at::cat({a.weight_ih.narrow(0, 0, U), at::zeros({H, I}, opts), a.weight_ih.narrow(0, U, H)});
+      g.input = onednn_or_mkl_linear(dg, w.t()).view({T, B, I});
+      const Tensor all = weight_grad(dg, x2d);
+      g.weight_ih = at::cat({all.narrow(0, 0, U), all.narrow(0, G * H, H)});
+    } else {
+      g.input = dgh.narrow(1, 0, U).mm(a.weight_ih.narrow(0, 0, U));
+      g.input.addmm_(dgx_split, a.weight_ih.narrow(0, U, H));
+      g.input = g.input.view({T, B, I});
+      g.weight_ih = at::empty_like(a.weight_ih);
+      Tensor unsplit = g.weight_ih.narrow(0, 0, U), split = g.weight_ih.narrow(0, U, H);
+      at::mm_out(unsplit, dgh.narrow(1, 0, U).t(), x2d);
+      at::mm_out(split, dgx_split.t(), x2d);
+    }
     const Tensor sums = column_sums(dg);  // h-side blocks, then the split x side
     g.bias_hh = sums.narrow(0, 0, G * H);
     g.bias_ih = at::cat({sums.narrow(0, 0, U), sums.narrow(0, G * H, H)});
