@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--sweep times float32 layers: it does not go with --jit, --training, --configs or --dtype")
     if args.dtype == "best" and (args.jit or args.training):
         parser.error("--dtype best times layers: it does not go with --jit or --training")
+    if args.dtype == "best" and "seed-cell" in configs:
+        parser.error("--dtype best times whole layers: the seed cell has no best-dtype row")
     if args.jit and args.training:
         parser.error("--jit and --training are separate runs")
     try:

@@ -35,8 +35,6 @@ def run_best(configs: list[str], device: torch.device, repeats: int, cells: list
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
-        if name == "seed-cell":
-            raise SystemExit("lltm-bench: --dtype best times whole layers; the seed cell has no best-dtype row")
         for cell in cells:
             baseline = baseline_label(cell)
             row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
