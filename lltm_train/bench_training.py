@@ -4,7 +4,8 @@ The model is the default job's (CharLM: embedding 64, 1 x 256, T = 128, B = 64, 
 The bare loop is that model and optimiser in eager PyTorch over one fixed batch, with no framework: forward,
 loss, zero_grad, backward, clipping, fused AdamW. ``lltm-train`` runs ``train()``'s set-up on the composed
 default config (Lightning, the Shakespeare data, logging, checkpoints) for ``steps`` steps; its figure is
-the Throughput callback's average over the run (validation, start-up and the first window excluded).
+the Throughput callback's average over the run after its first window (validation, and the first window's
+one-time set-up: CUDA graph capture, ``torch.compile``'s compilation, excluded).
 
 On a GPU the contenders are every cell on the ``cuda`` backend and ``torch.nn``'s LSTM and GRU (cuDNN); each
 fused one is also trained with the step eager (``model.cuda_graph=false``), in ``bf16-mixed`` and with
@@ -49,7 +50,8 @@ def bare_loop_tokens_per_s(cell: str, backend: str, device: torch.device, steps:
 
 
 def lltm_train_tokens_per_s(cell: str, backend: str, device: torch.device, steps: int, *overrides: str) -> float:
-    """The default job through lltm-train for ``steps`` steps: the Throughput callback's run average."""
+    """The default job through lltm-train for ``steps`` steps: the Throughput callback's steady pace (its
+    windows after the first, which holds the one-time set-up: capture, compilation)."""
     from hydra import compose, initialize_config_dir
 
     from .callbacks import Throughput
@@ -66,7 +68,7 @@ def lltm_train_tokens_per_s(cell: str, backend: str, device: torch.device, steps
         datamodule, task, trainer, _, _ = _prepare(cfg)
         trainer.fit(task, datamodule=datamodule)
         throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
-        return throughput.average_tokens_per_s or float("nan")
+        return throughput.steady_tokens_per_s or float("nan")
 
 
 def run_training(device: torch.device, steps: int) -> dict:

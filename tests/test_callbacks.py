@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import time
 
 import lightning as L
 import pytest
@@ -47,7 +48,7 @@ class BatchRecorder(L.Callback):
         self.batches.append((batch.x.shape[0], int(batch.lengths.sum()), batch.x.shape[0] * batch.x.shape[1]))
 
 
-def fit(tmp_path, throughput, max_steps, log_every_n_steps=2, **kwargs):
+def fit(tmp_path, throughput, max_steps, log_every_n_steps=2, callbacks_extra=(), **kwargs):
     torch.manual_seed(0)
     task = ClassificationTask(2, 3, hidden_size=4, num_layers=1, dropout=0.0, bidirectional=False, cell="lltm", backend="cpp")
     recorder = BatchRecorder()
@@ -55,7 +56,7 @@ def fit(tmp_path, throughput, max_steps, log_every_n_steps=2, **kwargs):
     args = {"limit_val_batches": 0, **kwargs}
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, max_steps=max_steps, log_every_n_steps=log_every_n_steps,
-                        callbacks=[throughput, recorder], **args)
+                        callbacks=[throughput, recorder, *callbacks_extra], **args)
     trainer.fit(task, datamodule=VariableLengths())
     logger.save()
     rows = [r for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r.get("throughput/tokens_per_s")]
@@ -98,6 +99,25 @@ def test_windows_of_the_trainers_logging_steps(tmp_path):
     assert throughput.last_figures == pytest.approx(window_figures(rows[-1]))
     assert "tok/s" in trainer.progress_bar_metrics  # for the progress bar, not the logger
     assert "tok/s" not in rows[0]
+
+
+class SlowFirstStep(L.Callback):
+    """The first step takes 0.3 s more (as a CUDA graph's capture or torch.compile's compilation does)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 0:
+            time.sleep(0.3)
+
+
+def test_the_steady_pace_leaves_the_first_windows_set_up_out(tmp_path):
+    throughput = Throughput()
+    assert throughput.steady_tokens_per_s is None
+    _, batches, rows = fit(tmp_path, throughput, max_steps=6, log_every_n_steps=2, callbacks_extra=[SlowFirstStep()])
+    seconds = [float(r["throughput/step_ms"]) * 2 / 1000 for r in rows]
+    tokens = [sum(t for _, t, _ in batches[i:i + 2]) for i in (0, 2, 4)]
+    assert seconds[0] > 0.3 and len(rows) == 3
+    assert throughput.steady_tokens_per_s == pytest.approx((tokens[1] + tokens[2]) / (seconds[1] + seconds[2]), rel=1e-3)
+    assert throughput.steady_tokens_per_s > 1.5 * throughput.average_tokens_per_s  # the set-up weighs on the average
 
 
 def test_an_unfinished_window_is_not_counted(tmp_path):

@@ -123,7 +123,7 @@ def test_no_logger_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("chdir", [False, True], ids=["in place", "hydra.job.chdir=true"])
+@pytest.mark.parametrize("chdir", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in place", "hydra.job.chdir=true"])
 def test_relative_paths_resolve_against_the_directory_the_command_ran_in(tmp_path, chdir):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "notes.txt").write_text("the quick brown fox jumps over the lazy dog. " * 80)

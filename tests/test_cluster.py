@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from test_preemption import ADDING, run
@@ -9,6 +10,7 @@ from test_preemption import ADDING, run
 TINY = [*ADDING, "dataset.train_size=64", "trainer.val_check_interval=2", "callbacks.progress_bar.refresh_rate=0"]
 
 
+@pytest.mark.slow  # a local submitit sweep of two jobs (about 15 s on 2 cores)
 def test_a_sweep_runs_its_jobs_through_submitit(tmp_path):
     """hydra/launcher=local: the jobs run as submitit's processes, each in its folder named by its settings."""
     result = run(tmp_path, "-m", "hydra/launcher=local", *TINY, "trainer.max_steps=4", "model.hidden_size=8,-1",

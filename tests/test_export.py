@@ -138,6 +138,7 @@ def _cmake() -> str:
     return found
 
 
+@pytest.mark.slow  # a CMake build (about 70 s on 2 cores)
 def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp_path):
     """examples/cpp builds liblltm_ops.so (the repository's CMakeLists.txt) and lltm-generate-cpp against the
     installed torch. The library alone gives torch.ops.lltm.* to a Python without lltm_train; the C++

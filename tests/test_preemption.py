@@ -195,7 +195,7 @@ STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "datase
 
 @pytest.mark.parametrize("settings, killed_at, resumed_from",
                          [(EXACT, 23, 20), pytest.param(EXACT, 43, 40, marks=pytest.mark.slow),
-                          pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow), ([*EXACT, "model.cell=gru"], 23, 20),
+                          pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow), pytest.param([*EXACT, "model.cell=gru"], 23, 20, marks=pytest.mark.slow),
                           pytest.param([*EXACT, "model.cell=lstm"], 23, 20, marks=pytest.mark.slow),
                           pytest.param(on(GPU.values[0], EXACT), 23, 20, marks=GPU.marks),
                           pytest.param(on(GPU.values[0], EXACT), 21, 20, marks=GPU.marks)],
@@ -300,7 +300,8 @@ def _scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum, status", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])  # SIGINT takes the same path as SIGTERM (slow: 25 s each on 2 cores)
 def test_a_signal_during_a_validation_finishes_it_and_resumes_exactly(tmp_path, signum, status):
     """The validation under way finishes and is logged; the state after it is saved (step 20), and the
     resumed run logs every step once, validates where the uninterrupted run does, and ends with its weights."""

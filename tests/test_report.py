@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import subprocess
 import sys
 
@@ -98,6 +99,7 @@ def test_a_diverged_trial_is_a_failed_trial_and_the_search_goes_on(tmp_path):
     assert (tmp_path / "s" / "optimization_results.yaml").is_file()  # the search ended normally
 
 
+@pytest.mark.slow  # three commands (about 30 s on 2 cores)
 def test_a_trial_resumes_as_one_run_and_a_search_run_again_leaves_the_old_trials_alone(tmp_path):
     tiny = [o for o in TINY if not o.startswith("model.hidden_size=")]
     first = run(tmp_path, "hparams_search=lm_optuna", "optimized_metric=val/loss", *tiny, "hydra.sweeper.n_trials=1",
@@ -124,12 +126,21 @@ def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_pa
     assert [r["rank"] for r in summarise(runs, "val/loss")] == [None] * 4  # no run logged it
 
 
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    """A folder holding one finished tiny run (hydra.run.dir=r), made once for the tests that copy it."""
+    folder = tmp_path_factory.mktemp("one_run")
+    result = run(folder, *TINY, "hydra.run.dir=r")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
 @pytest.mark.parametrize("args, message", [
     (["--metric", "val/nonsense"], "no run logged val/nonsense; the runs logged"),
     (["--out", "/proc/forbidden"], "cannot write the report into /proc/forbidden"),
 ])
-def test_report_arguments_that_cannot_work_are_one_line_errors(tmp_path, args, message):
-    assert run(tmp_path, *TINY, "hydra.run.dir=r").returncode == 0
+def test_report_arguments_that_cannot_work_are_one_line_errors(tmp_path, one_run, args, message):
+    shutil.copytree(one_run, tmp_path, dirs_exist_ok=True)
     (tmp_path / "optimization_results.yaml").write_text("best_params: null\n")  # damaged: ignored
     result = subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path), *args], capture_output=True,
                             text=True, timeout=300)

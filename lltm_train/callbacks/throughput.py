@@ -27,6 +27,7 @@ class Throughput(Callback):
     def __init__(self, log_every_n_steps: int | None = None) -> None:
         self.log_every_n_steps = log_every_n_steps
         self.run_tokens, self.run_seconds = 0, 0.0  # over every finished window, for the run's average
+        self.first_window: tuple[int, float] | None = None  # (tokens, seconds) of this process's first window
         self.last_figures: dict[str, float] = {}  # the newest window's figures
         self._reset()
 
@@ -34,6 +35,15 @@ class Throughput(Callback):
     def average_tokens_per_s(self) -> float | None:
         """Tokens per second over all training steps measured so far in this process (None before the first window)."""
         return self.run_tokens / self.run_seconds if self.run_seconds else None
+
+    @property
+    def steady_tokens_per_s(self) -> float | None:
+        """Tokens per second over the windows after this process's first (None before the second): the pace
+        without the first step's one-time set-up (a CUDA graph's capture, ``torch.compile``'s compilation,
+        cuDNN's autotuning), which in a short run can outweigh hundreds of steps."""
+        if self.first_window is None or self.run_seconds <= self.first_window[1]:
+            return None
+        return (self.run_tokens - self.first_window[0]) / (self.run_seconds - self.first_window[1])
 
     def _reset(self) -> None:
         self._start: float | None = None
@@ -72,6 +82,8 @@ class Throughput(Callback):
         }
         self.run_tokens += tokens
         self.run_seconds += elapsed
+        if self.first_window is None:
+            self.first_window = (tokens, elapsed)
         if pl_module.device.type == "cuda":
             figures["memory/peak_cuda_mib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
         self._start, self._steps, self._samples, self._tokens = None, 0, 0, 0
