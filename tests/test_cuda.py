@@ -66,7 +66,7 @@ def tf32(request):
                                          (torch.float16, False)], indirect=["tf32"], ids=["fp32", "tf32", "bf16", "fp16"])
 def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, dtype, tf32):
     """T = 512: the error against float64 is no worse than the python backend's in the same dtype (TF32,
-    bfloat16, float16), and within 2x it in float32 without TF32."""
+    bfloat16, float16), and within 2x it in float32 without TF32 (4x for the bias gradients' column sums)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -78,7 +78,11 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     factor = 2 if dtype == torch.float32 and not tf32 else 1.5
     floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
     for name, a, b in zip(NAMES[cell.name], ours, python):
-        assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
+        # A bias gradient is a column sum over T * B = 5,120 rows: a cuBLAS GEMV above 4,096 rows (in float32,
+        # sequential partial sums), where python's sum reduces pairwise. That order alone gave 2.2x python's
+        # error with some seeds (LLTM_TEST_SEED=1640723046), so it gets 4x.
+        f = 4 if name.startswith("b") and factor == 2 else factor
+        assert a <= max(f * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
