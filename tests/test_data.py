@@ -177,11 +177,14 @@ def test_text_task_spec_encodes_and_decodes(tmp_path):
     assert spec.decode(dm.train_set[0][0].tolist()) == text[:16]
 
 
-def test_device_token_batches_cut_the_same_windows_as_the_data_loader():
+@pytest.mark.parametrize("block", [64, 5], ids=["one gather an epoch", "gathers of 5 batches"])
+def test_device_token_batches_cut_the_same_windows_as_the_data_loader(block, monkeypatch):
     """The GPU path of the text data sets (run here on the CPU): the batches the training DataLoader gives
     over the same windows and order, each epoch a new permutation, drop_last, and DDP ranks take disjoint shares."""
     from lltm_train.data.resumable import ResumableLoader, ResumableSampler
     from lltm_train.data.text import DeviceTokenBatches, TokenWindows
+
+    monkeypatch.setattr(DeviceTokenBatches, "BLOCK", block)
 
     windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)  # 99 windows, all different
     batches = DeviceTokenBatches(windows, 8, torch.device("cpu"), ResumableSampler(windows, 8, seed=3))
@@ -203,13 +206,16 @@ def test_device_token_batches_cut_the_same_windows_as_the_data_loader():
     assert len(shares[0]) == 6 and not firsts[0] & firsts[1]
 
 
-@pytest.mark.parametrize("kind", ["loader", "device batches"])
+@pytest.mark.parametrize("kind", ["loader", "device batches", "device batches, gathers of 5"])
 @pytest.mark.parametrize("stop_at", [0, 5, 12, 17], ids=lambda k: f"stopped after {k} batches")
-def test_a_training_loader_resumes_at_the_batch_it_stopped_at(kind, stop_at):
+def test_a_training_loader_resumes_at_the_batch_it_stopped_at(kind, stop_at, monkeypatch):
     """A fresh loader given the saved position goes on with exactly the batches the first one would have
     given next, within an epoch, at its end and in the next (12 batches an epoch)."""
     from lltm_train.data.resumable import ResumableLoader, ResumableSampler
     from lltm_train.data.text import DeviceTokenBatches, TokenWindows
+
+    if kind.endswith("gathers of 5"):
+        monkeypatch.setattr(DeviceTokenBatches, "BLOCK", 5)
 
     windows = TokenWindows(torch.arange(1000, dtype=torch.int32), seq_len=10)
 
