@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training (at least 50)")
     parser.add_argument("--jit", action="store_true", help="the default model's forward as eager, TorchScript, "
                         "torch.compile and torch.export (batch 1 and 64)")
     parser.add_argument("--sweep", choices=["T", "B", "H"], help="one layer's tokens/s and memory against the "
@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", metavar="DIR", help="with --sweep: write the plot scaling_<device>_<dim>.png here")
     parser.add_argument("--json", help="write the raw figures and the machine to this file")
     args = parser.parse_args(argv)
-    configs = args.configs.split(",") if args.configs else DEFAULTS[args.device]
-    if args.dtype == "best" and not args.configs:
+    configs = args.configs.split(",") if args.configs is not None else DEFAULTS[args.device]
+    if args.dtype == "best" and args.configs is None:
         configs = [c for c in configs if c != "seed-cell"]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
@@ -280,8 +280,10 @@ def main(argv: list[str] | None = None) -> None:
             probe.unlink()
         except OSError as exc:
             parser.error(f"--plot: cannot write into {args.plot}: {exc.strerror or exc}")
-    if args.repeats < 1 or args.steps < 10 or (args.threads is not None and args.threads < 1):
-        parser.error("--repeats and --threads must be at least 1, --steps at least 10")
+    # --training's figure is the pace after the first logging window (25 steps, the set-up's): two windows at least
+    if args.repeats < 1 or args.steps < 50 or (args.threads is not None and args.threads < 1):
+        parser.error("--repeats and --threads must be at least 1, --steps at least 50 (the training figure is the "
+                     "pace after the first 25-step logging window)")
     if args.json:
         try:
             open(args.json, "a").close()  # find an unwritable path now, not after the whole benchmark

@@ -137,13 +137,17 @@ def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor
     if lengths is None:
         output, *state = run(input, hx, params, has_biases, 1, 0.0, train, False, False)
     else:  # packed: every row stops at its own length (a length of 0 keeps the initial state)
+        empty = (lengths == 0).to(input.device)
+        if bool(empty.any()):
+            # torch's kernels take at least one step a row: a row of length 0 takes it on zeros, whose
+            # result is dropped below (padding there could be NaN, and 0 * NaN would reach the gradients)
+            input = input.masked_fill(empty[None, :, None], 0)
         packed = pack_padded_sequence(input, lengths.clamp_min(1), enforce_sorted=False)
         order, back = packed.sorted_indices, packed.unsorted_indices
         hx = tuple(h.index_select(1, order.to(h.device)) for h in hx) if spec.has_cell_state else hx.index_select(1, order.to(hx.device))
         data, *state = run(packed.data, packed.batch_sizes, hx, params, has_biases, 1, 0.0, train, False)
         state = [s.index_select(1, back.to(s.device)) for s in state]
         output, _ = pad_packed_sequence(type(packed)(data, packed.batch_sizes, order, back), total_length=input.shape[0])
-        empty = (lengths == 0).to(input.device)
         if bool(empty.any()):
             output = output.masked_fill(empty[None, :, None], 0)
             state = [torch.where(empty[None, :, None], s0.unsqueeze(0), s) for s, s0 in zip(state, states)]

@@ -17,6 +17,7 @@ import argparse
 import csv
 import logging
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -136,9 +137,26 @@ def read_run(path: Path) -> Run:
         run.status = "not logged (logger=none)"
     elif not run.curves:
         run.status = "no events (crashed before logging, or still starting)"
-    elif isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps:
+    elif (isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps
+          and not _spent_its_time_budget(config, run.curves)):
         run.status = f"unfinished at step {last_step + 1} of {max_steps} (running, or stopped)"
     return run
+
+
+def _spent_its_time_budget(config: dict, curves: dict) -> bool:
+    """Whether a run with ``trainer.max_time`` trained for (nearly) all of it: it ended on time, before its
+    ``max_steps``."""
+    from omegaconf import OmegaConf
+
+    from .config import ConfigError
+    from .train import _max_time
+
+    try:
+        budget = _max_time(OmegaConf.create({"max_time": (config.get("trainer") or {}).get("max_time")}))
+    except (ConfigError, ValueError):
+        return False
+    trained = [value for _, _, value in curves.get("time/train_seconds", [])]
+    return bool(budget) and bool(trained) and max(trained) >= 0.95 * budget["max_time"].total_seconds()
 
 
 def _csv_curves(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
@@ -423,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     if not paths:
         print(f"lltm-report: error: no runs in {root} (no .hydra folder or TensorBoard events below it)", file=sys.stderr)
         sys.exit(2)
+    if any(root not in (p, *p.parents) for p in paths):  # DIR is a run's own tensorboard/ or csv/ folder
+        root = paths[0] if len(paths) == 1 else Path(os.path.commonpath(paths))
     runs = [read_run(p) for p in paths]
     if a.metric is None:
         chosen = {r.optimized_metric for r in runs if r.optimized_metric}

@@ -56,6 +56,10 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
         raise ConfigError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
     if cfg.trainer.get("max_steps") == 0:
         raise ConfigError("trainer.max_steps=0 would train nothing; give a positive number, or -1 for no limit")
+    if trainer.max_steps == -1 and trainer.max_epochs in (None, -1) and not cfg.trainer.get("max_time"):
+        rank_zero_only(log.warning)(
+            "lltm-train: warning: no trainer.max_steps, trainer.max_epochs or trainer.max_time: this run trains "
+            "until it is stopped (Ctrl-C or SIGTERM saves a checkpoint), at its peak learning rate")
     output_dir = Path(cfg.paths.output_dir)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -265,13 +269,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Trainer, ckpt: str | None,
                   output_dir: Path) -> None:
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
-    _save_final_state(trainer, output_dir / "checkpoints")
-    if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run and task.scheduler_factory:
-        note = unfinished_schedule(trainer, task.clock)
-        if note:
-            log.warning(note)
-    if _needs_final_validation(trainer, task):
-        trainer.validate(task, datamodule=datamodule, verbose=False)
+    if ckpt is not None and task.clock.this_run(trainer.global_step)[0] == 0 and not trainer.interrupted:
+        # A resume with nothing left to train (max_steps reached, the time budget spent): its checkpoint and
+        # curves stay as the run left them (rewriting last.ckpt would move the loggers' step back once more).
+        info(f"lltm-train: nothing left to train at step {trainer.global_step} (raise trainer.max_steps or "
+             "trainer.max_time to go on); the checkpoint and the logs are unchanged")
+    else:
+        _save_final_state(trainer, output_dir / "checkpoints")
+        if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run and task.scheduler_factory:
+            note = unfinished_schedule(trainer, task.clock)
+            if note:
+                log.warning(note)
+        if _needs_final_validation(trainer, task):
+            task.final_validation = True
+            try:
+                trainer.validate(task, datamodule=datamodule, verbose=False)
+            finally:
+                task.final_validation = False
     if cfg.test:
         # The best checkpoint of this run, if it is still on disk; else the weights at the end of training.
         # (A resume from another run's file inherits that run's best path: never this run's to test.)

@@ -76,6 +76,21 @@ def test_a_run_stopped_before_its_schedule_ends_says_so_in_one_line(tmp_path, ca
                      "the learning rate had not decayed to its end"]
 
 
+def test_a_run_with_no_end_says_so(tmp_path, caplog):
+    """No max_steps, max_epochs or max_time: one warning line (the run trains until it is stopped; here by a
+    callback after 3 steps). A time budget alone is an end: no line."""
+    stop = ["+callbacks.stop._target_=test_budget.StopAt", "+callbacks.stop.step=3", "trainer.max_steps=-1"]
+    with caplog.at_level(logging.WARNING, logger="lltm_train"):
+        train(make_cfg(tmp_path / "a", *SMALL, *stop, "trainer.max_epochs=-1"))
+    assert [r.getMessage() for r in caplog.records if "no trainer.max_steps" in r.getMessage()] == [
+        "lltm-train: warning: no trainer.max_steps, trainer.max_epochs or trainer.max_time: this run trains until it "
+        "is stopped (Ctrl-C or SIGTERM saves a checkpoint), at its peak learning rate"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lltm_train"):
+        train(make_cfg(tmp_path / "b", *SMALL, *stop, "trainer.max_epochs=-1", "trainer.max_time=60"))
+    assert not any("no trainer.max_steps" in r.getMessage() for r in caplog.records)
+
+
 def test_a_resumed_time_budget_counts_the_seconds_already_trained(tmp_path):
     """A run of 3 s resumed with a budget of 5 s trains about 2 s more: its clock goes on from 3 s."""
     common = [*SMALL, "trainer.max_steps=-1", "trainer.val_check_interval=20", "hydra.run.dir=run"]
@@ -93,6 +108,20 @@ def test_a_resumed_time_budget_counts_the_seconds_already_trained(tmp_path):
     assert spent.returncode == 0, spent.stderr[-2000:]
     assert "the time budget (trainer.max_time) was spent before this run started" in spent.stderr
     assert "learning-rate schedule spans" not in spent.stderr.split("was spent")[1]  # no line about the schedule
+
+
+def test_a_run_that_stops_on_time_before_its_max_steps_is_finished_with_its_last_figure_timed(tmp_path):
+    """max_time ends the run between validations, before max_steps: lltm-report counts it finished (ranked)
+    and the final validation's figure has its time, the budget's, on lltm-report's time axis."""
+    result = run(tmp_path, "trainer.accelerator=cpu", *SMALL, "trainer.max_steps=100000", "trainer.max_time=3",
+                 "trainer.val_check_interval=100000", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = read_run(tmp_path / "run")
+    assert report.status == "finished"
+    (last_val, *_), seconds = report.curves["val/loss"][-1], dict((s, v) for s, v in scalars(tmp_path / "run",
+                                                                                            "time/train_seconds"))
+    assert last_val in seconds and 3 <= seconds[last_val] < 4.5  # the clock stopped when training did
+    assert summarise([report], "val/loss", at_seconds=100)[0]["at_seconds"] == report.curves["val/loss"][-1][2]
 
 
 @pytest.mark.parametrize("value, message", [

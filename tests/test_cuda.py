@@ -71,6 +71,11 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
     upstream = upstream_for(cell, T, B, H, dtype)
+    if dtype == torch.float16:
+        # float16 ends at 65,504, and these weight and bias gradients (sums over T * B = 5,120 rows) reach
+        # 10,000-94,000 in float64 (12 seeds on the CPU): the H200 once gave cuda inf where python's fp16
+        # happened to stay finite (LLTM_TEST_SEED=2548290877, fp16-64-lltm). Scaled by 1/64 (exact), they fit.
+        upstream = [u / 64 for u in upstream]
     exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
     ours = relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)
     python = relative_errors(forward_backward(p, "python", upstream, cell=cell), exact)

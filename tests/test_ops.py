@@ -58,17 +58,20 @@ def test_variable_lengths_match_python_and_stop_each_row(device_backend, cell):
 
 
 def test_padding_never_reaches_a_gradient(device_backend, cell):
-    """NaN in the padding past each row's length changes no output and no gradient (every backend)."""
+    """NaN in the padding past each row's length changes no output and no gradient (every backend, torch's
+    LSTM and GRU included), a row of length 0 too."""
     device, backend = device_backend
-    T, B, H = 6, 3, 5
+    T, B, H = 6, 4, 5
     p = layer_args(cell, T, B, 4, H, device)
-    lengths = torch.tensor([6, 2, 4])
+    lengths = torch.tensor([6, 2, 4, 0])
     up = upstream_like(cell, T, B, H, device)
-    clean = {be: run_layer(cell, p, be, up, lengths) for be in (backend, "python")}
+    backends = (backend, "python", *(("torch",) if cell.name in ("lstm", "gru") else ()))
+    clean = {be: run_layer(cell, p, be, up, lengths) for be in backends}
     with torch.no_grad():
         p["input"][2:, 1] = float("nan")
         p["input"][4:, 2] = float("inf")
-    for be in (backend, "python"):
+        p["input"][:, 3] = float("nan")
+    for be in backends:
         assert_all_close(run_layer(cell, p, be, up, lengths), clean[be], rtol=0, atol=0)
 
 

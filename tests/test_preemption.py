@@ -333,6 +333,13 @@ def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(tmp_path)
     settings = [o for o in DURING_VALIDATION if not o.startswith("trainer.max_steps")]
     assert run(tmp_path / "a", *settings, "trainer.max_steps=45").returncode == 0
     assert run(tmp_path / "b", *settings, "trainer.max_steps=25").returncode == 0
+    last = tmp_path / "b" / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    # A resume with nothing left to do (twice): it says so and leaves the checkpoint and the curves alone.
+    for _ in range(2):
+        again = run(tmp_path / "b", *settings, "trainer.max_steps=25", "ckpt_path=last")
+        assert again.returncode == 0 and "nothing left to train at step 25" in again.stderr, again.stderr[-3000:]
+    assert last.read_bytes() == before
     extended = run(tmp_path / "b", *settings, "trainer.max_steps=45", "ckpt_path=last")
     assert extended.returncode == 0, extended.stderr[-3000:]
     a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"

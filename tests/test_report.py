@@ -149,6 +149,16 @@ def test_report_arguments_that_cannot_work_are_one_line_errors(tmp_path, one_run
                           timeout=300).returncode == 0
 
 
+def test_a_runs_own_logger_folder_reports_that_run(tmp_path, one_run):
+    """DIR given as a run's tensorboard/ folder: the report is that run's (it was a traceback)."""
+    shutil.copytree(one_run, tmp_path, dirs_exist_ok=True)
+    result = subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path / "r" / "tensorboard")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    with open(tmp_path / "r" / "report.csv") as f:
+        assert [row["run"] for row in csv.DictReader(f)] == ["."]
+
+
 def _lltm_regressor_parameters(hidden: int, inputs: int = 2, outputs: int = 1) -> int:
     return 3 * hidden * (inputs + hidden + 1) + hidden * outputs + outputs  # the LLTM layer and the linear head
 

@@ -86,6 +86,7 @@ class LLTMTask(L.LightningModule, ABC):
         self._captured: CapturedStep | None = None  # set when training starts (on_train_start)
         self.graph_replays = 0  # the last fit's steps that ran as CUDA graph replays
         self.clock = TrainingClock()  # seconds of training, across resumes (logged as time/train_seconds)
+        self.final_validation = False  # train()'s validation after a run that stopped between validations
         self.nonfinite = v.one_of(type(self).__name__, "nonfinite", nonfinite, ("stop", "skip"))
         self.divergence = v.one_of(type(self).__name__, "divergence", divergence, ("warn", "stop"))
         self.diverged: str | None = None  # why the run counts as diverged (None: it does not)
@@ -226,8 +227,10 @@ class LLTMTask(L.LightningModule, ABC):
             self.log("val/baseline_loss", self.baseline_loss, sync_dist=True)
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.global_step
-            if self.trainer.state.fn == "fit":  # a validation during training (not trainer.validate)
-                self.log("time/train_seconds", self.clock.seconds(), rank_zero_only=True)  # lltm-report's time axis
+            during_fit = self.trainer.state.fn == "fit"  # a validation during training (not trainer.validate)
+            if during_fit or self.final_validation:  # lltm-report's time axis: the run's last figure too
+                self.log("time/train_seconds", self.clock.seconds(), rank_zero_only=True)
+            if during_fit:
                 self._check_divergence()
 
     def on_fit_start(self) -> None:
@@ -256,6 +259,7 @@ class LLTMTask(L.LightningModule, ABC):
             _info(f"lltm-train: the training step runs eagerly, not as a CUDA graph: {reason}")
 
     def on_train_end(self) -> None:
+        self.clock.stop()
         if self._skipped is not None:  # steps after the last logging step
             self._report_skipped()
         self.graph_replays = self._captured.replays if self._captured is not None else 0

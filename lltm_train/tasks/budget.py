@@ -23,18 +23,27 @@ class TrainingClock:
         self._started: float | None = None
         self._start_step = 0
         self._paced: tuple[int, float] | None = None  # (step, time) when the run's first step had ended
+        self._stopped: float | None = None  # when training ended
 
     def start(self, step: int) -> None:
-        self._started, self._start_step, self._paced = time.perf_counter(), step, None
+        self._started, self._start_step, self._paced, self._stopped = time.perf_counter(), step, None, None
+
+    def stop(self) -> None:
+        """Training ended: the clock stands still (a validation after it is not training time)."""
+        if self._started is not None and self._stopped is None:
+            self._stopped = time.perf_counter()
+
+    def _now(self) -> float:
+        return self._stopped if self._stopped is not None else time.perf_counter()
 
     def seconds(self) -> float:
-        return self.offset + (time.perf_counter() - self._started if self._started is not None else 0.0)
+        return self.offset + (self._now() - self._started if self._started is not None else 0.0)
 
     def this_run(self, step: int) -> tuple[int, float]:
         """(steps, seconds) trained since this run started."""
         if self._started is None:
             return 0, 0.0
-        return step - self._start_step, time.perf_counter() - self._started
+        return step - self._start_step, self._now() - self._started
 
     def pace(self, step: int) -> tuple[int, float]:
         """(steps, seconds) since this run's first step ended: the pace of training, without the first step's
