@@ -170,6 +170,12 @@ def _prepare(cfg: DictConfig):
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints", requeued=slurm_requeued())
     resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
+    if cfg.logger and str(cfg.logger.get("_target_", "")).endswith("MLFlowLogger"):
+        try:
+            import mlflow  # noqa: F401
+        except ImportError:
+            raise ConfigError("logger=mlflow needs the mlflow package: pip install '.[mlflow]' (the project's extra), "
+                              "or pip install mlflow") from None
     logger = instantiate(cfg.logger, **_logger_resume_args(cfg.logger, resumed_step)) if cfg.logger else False
     if logger is not False and not isinstance(logger, Logger):
         raise ConfigError(f"logger: {type(logger).__module__}.{type(logger).__qualname__} is not a Lightning logger")

@@ -4,9 +4,11 @@ logger=mlflow (a local file store in the run folder, no server)."""
 from __future__ import annotations
 
 import csv
+import sys
 
 import pytest
 
+from lltm_train.config import ConfigError
 from lltm_train.report import main as report_main, read_run
 from lltm_train.train import train
 from test_training import make_cfg
@@ -28,6 +30,12 @@ def test_the_csv_logger_is_read_by_the_report(tmp_path, capsys):
         (row,) = list(csv.DictReader(f))
     assert row["status"] == "finished" and float(row["at_seconds"]) == float(row["final"]) == r.curve("val/bpc")[-1][2]
 
+
+
+def test_logger_mlflow_without_mlflow_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed: importing it fails
+    with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow package: pip install '\.\[mlflow\]'"):
+        train(make_cfg(tmp_path, *SMALL, "logger=mlflow"))
 
 
 def test_the_mlflow_logger_keeps_the_run_in_a_local_store(tmp_path):
