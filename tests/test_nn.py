@@ -207,6 +207,10 @@ def test_bad_arguments_raise_clear_errors(cell):
         m(torch.randn(5, 2, 3), bad if cell.has_cell_state else bad[0])
     with pytest.raises(ValueError, match=rf"{CELL_MODULES[cell.name].__name__}: expected input of shape \(B, 3\)"):
         CELL_MODULES[cell.name](3, 4)(torch.randn(2, 2, 3))
+    # an unbatched input (3,) with a batched state: the shapes the caller passed, not the unsqueezed ones
+    batched = tuple(torch.zeros(1, 4) for _ in cell.states)
+    with pytest.raises(ValueError, match=r"expected h of shape \(4,\) for input of shape \(3,\), got \(1, 4\)"):
+        CELL_MODULES[cell.name](3, 4)(torch.randn(3), batched if cell.has_cell_state else batched[0])
     if cell.name == "lltm":
         with pytest.raises(ValueError, match="PyTorch has no LLTM"):
             LLTM(3, 4, backend="torch")

@@ -58,6 +58,11 @@ class RecurrentCell(BackendMixin, nn.Module):
             raise ValueError(f"{owner}: hx must be " + ("a tuple (h, c) of two tensors" if two else "a tensor h"))
         unbatched = input.dim() == 1
         state = None if hx is None else (tuple(hx) if two else (hx,))
+        for name, t in zip(("h", "c"), state or ()):  # in the caller's terms, before the unbatched unsqueeze
+            want = (self.hidden_size,) if unbatched else (input.shape[0], self.hidden_size)
+            if tuple(t.shape) != want:
+                raise ValueError(f"{owner}: expected {name} of shape {want} for input of shape {tuple(input.shape)}, "
+                                 f"got {tuple(t.shape)}")
         if unbatched:
             input = input.unsqueeze(0)
             state = None if state is None else tuple(t.unsqueeze(0) for t in state)
