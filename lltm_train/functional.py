@@ -171,8 +171,8 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
             raise
         return result[0], tuple(result[1:1 + len(states)])
     _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
-    if chosen == "torch":
-        return _torch_layer(spec, input, states, weight_ih, weight_hh, biases, lengths)
+    if chosen == "torch" and weight_hh.shape[-1] > 0:  # torch's kernels refuse hidden_size 0: the reference gives
+        return _torch_layer(spec, input, states, weight_ih, weight_hh, biases, lengths)  # the empty result
     return reference.layer_forward(spec.step, spec.split, input, states, weight_ih, weight_hh, *biases,
                                    lengths=lengths)
 

@@ -159,6 +159,22 @@ def test_batch_one_and_zero(device_backend, cell):
     assert all(torch.all(b.grad == 0) for b in p["biases"])
 
 
+@pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
+def test_hidden_size_zero_gives_empty_results_on_every_backend(cell, backend):
+    """H = 0 through the functional API: an empty output and state and a zero input gradient on every CPU
+    backend (torch's own kernels refuse H = 0, so the torch backend answers as the reference does)."""
+    if backend == "torch" and cell.name == "lltm":
+        pytest.skip("PyTorch has no LLTM")
+    G = cell.num_gates
+    x = torch.randn(4, 3, 2, requires_grad=True)  # float32: oneDNN's LSTM (torch on a CPU) refused H = 0
+    weights = [torch.zeros(G * 0, 2), torch.zeros(0, 0)]
+    biases = [torch.zeros(0) for _ in cell.biases]
+    out, state = rnn_layer(cell, x, None, *weights, *biases, backend=backend)
+    assert out.shape == (4, 3, 0) and all(s.shape == (3, 0) for s in state)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+
+
 def test_unused_outputs_get_no_gradient_work(device_backend, cell):
     """Backward from h_n alone: right gradients, and no zero-filled gradient buffers for the unused outputs."""
     device, backend = device_backend
