@@ -182,14 +182,16 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   f.weight_hh = a.weight_hh.contiguous();
   f.lengths = lens;
   f.output = at::empty({s.T, s.B, s.H}, opts);
-  f.activations = Cell::kSaved == G ? gates : at::empty({s.T, s.B, Cell::kSaved * s.H}, opts);
+  const int64_t kept = a.save ? s.T : 1;  // steps of `cells` and separate activations (lltm.h: save=False)
+  f.activations = Cell::kSaved == G ? gates : at::empty({kept, s.B, Cell::kSaved * s.H}, opts);
   f.h_n = at::empty({s.B, s.H}, opts);
   if constexpr (Cell::kHasCell) {
     f.c0 = a.c0.contiguous();
-    f.cells = at::empty({s.T, s.B, s.H}, opts);
+    f.cells = at::empty({kept, s.B, s.H}, opts);
     f.c_n = at::empty({s.B, s.H}, opts);
   }
   if (s.B > 0 && s.H > 0) r.forward(f);
+  if (!a.save) return {f.output, f.h_n, f.c_n, Cell::kHasCell ? at::empty({0}, opts) : Tensor(), at::empty({0}, opts)};
   return {f.output, f.h_n, f.c_n, f.cells, f.activations};
 }
 
@@ -294,10 +296,11 @@ template LayerGrads layer_backward<GRUCell>(const LayerGradInputs&, const Recurr
 }  // namespace lltm
 
 TORCH_LIBRARY(lltm, m) {
+  // save=False: the forward keeps nothing for a backward and returns `cells` and `activations` empty (lltm.h).
   // LLTM: gates (input, output, candidate); one bias.
   m.def(
       "layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
-      "Tensor? bias, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
+      "Tensor? bias, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
       "Tensor activations)");
   m.def(
       "layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor h0, "
@@ -307,8 +310,8 @@ TORCH_LIBRARY(lltm, m) {
   // LSTM (torch.nn.LSTM's math and parameters): gates (input, forget, cell, output).
   m.def(
       "lstm_layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
-      "Tensor? bias_ih, Tensor? bias_hh, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor c_n, "
-      "Tensor cells, Tensor activations)");
+      "Tensor? bias_ih, Tensor? bias_hh, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, "
+      "Tensor c_n, Tensor cells, Tensor activations)");
   m.def(
       "lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor h0, "
       "Tensor c0, Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
@@ -317,7 +320,7 @@ TORCH_LIBRARY(lltm, m) {
   // GRU (torch.nn.GRU's math and parameters): gates (reset, update, new); the state is h alone.
   m.def(
       "gru_layer_forward(Tensor input, Tensor h0, Tensor weight_ih, Tensor weight_hh, Tensor? bias_ih, "
-      "Tensor? bias_hh, Tensor? lengths) -> (Tensor output, Tensor h_n, Tensor activations)");
+      "Tensor? bias_hh, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, Tensor activations)");
   m.def(
       "gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, Tensor weight_ih, "
       "Tensor weight_hh, Tensor output, Tensor activations, Tensor? lengths) -> (Tensor grad_input, "

@@ -13,6 +13,11 @@
 //
 // Variable lengths: `lengths` (B,) int64 on the CPU, each in [0, T], or undefined for "all T". Row b
 // stops at step lengths[b] (cells.h gives the rule); h_n and c_n hold its state after its own last step.
+//
+// save=False (the forward under torch.no_grad or inference mode, for sampling and evaluation, as haste's
+// `Training` flag): nothing is kept for a backward. `cells` and the activations that are not the `gates`
+// buffer itself hold one step, (1, B, .), which every step overwrites (see step_stride), and the op returns
+// them as empty (0,) tensors. The autograd kernel refuses save=False where a gradient is required.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,8 +42,8 @@ struct ForwardTensors {
   Tensor weight_hh;    // (G H, H)
   Tensor lengths;      // (B,) int64 (on the CPU; a CUDA recurrence moves it), or undefined
   Tensor output;       // written (In, B, H): h_1..h_T, zero past a row's length
-  Tensor activations;  // written (In, B, kSaved H); the same tensor as `gates` when kSaved == G
-  Tensor cells;        // written (In, B, H): c_1..c_T; undefined without a c state
+  Tensor activations;  // written (In or 1, B, kSaved H); the same tensor as `gates` when kSaved == G
+  Tensor cells;        // written (In or 1, B, H): c_1..c_T; undefined without a c state
   Tensor h_n, c_n;     // written (B, H); c_n undefined without a c state
 };
 
@@ -51,6 +56,10 @@ struct BackwardTensors {
   Tensor grad_h0, grad_c0;                 // written (B, H); grad_c0 undefined without a c state
 };
 
+// Elements between two steps' slots of a forward's `activations` or `cells`: 0 where the tensor holds a
+// single step that every step overwrites (save=False). A step reads its c_{t-1} slot before it writes c_t.
+inline int64_t step_stride(const Tensor& t) { return t.defined() && t.size(0) > 1 ? t.stride(0) : 0; }
+
 struct Recurrence {
   void (*forward)(const ForwardTensors&);
   void (*backward)(const BackwardTensors&);
@@ -61,6 +70,7 @@ struct Recurrence {
 struct LayerInputs {
   Tensor input, h0, c0, weight_ih, weight_hh;
   OptTensor bias_ih, bias_hh, lengths;
+  bool save = true;  // keep what the backward needs (see save=False above)
 };
 struct LayerOutputs {
   Tensor output, h_n, c_n, cells, activations;
@@ -102,8 +112,8 @@ struct Ops<LLTMCell> {
   static constexpr bool kBiasHH = false;
   using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
   template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias, Opt lengths) {
-    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias, std::nullopt, lengths});
+  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias, Opt lengths, bool save) {
+    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias, std::nullopt, lengths, save});
     return {r.output, r.h_n, r.c_n, r.cells, r.activations};
   }
   template <LayerGrads (*F)(const LayerGradInputs&)>
@@ -114,8 +124,9 @@ struct Ops<LLTMCell> {
     return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih};
   }
   static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt)>("lltm::layer_forward");
-    auto [output, h_n, c_n, cells, act] = op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.lengths);
+    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, bool)>("lltm::layer_forward");
+    auto [output, h_n, c_n, cells, act] =
+        op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.lengths, a.save);
     return {output, h_n, c_n, cells, act};
   }
   static LayerGrads call_backward(const LayerGradInputs& a) {
@@ -134,8 +145,8 @@ struct Ops<LSTMCell> {
   static constexpr bool kBiasHH = true;
   using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
   template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths) {
-    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias_ih, bias_hh, lengths});
+  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths, bool save) {
+    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias_ih, bias_hh, lengths, save});
     return {r.output, r.h_n, r.c_n, r.cells, r.activations};
   }
   template <LayerGrads (*F)(const LayerGradInputs&)>
@@ -146,8 +157,9 @@ struct Ops<LSTMCell> {
     return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
   }
   static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, Opt)>("lltm::lstm_layer_forward");
-    auto [output, h_n, c_n, cells, act] = op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths);
+    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, Opt, bool)>("lltm::lstm_layer_forward");
+    auto [output, h_n, c_n, cells, act] =
+        op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.save);
     return {output, h_n, c_n, cells, act};
   }
   static LayerGrads call_backward(const LayerGradInputs& a) {
@@ -167,8 +179,8 @@ struct Ops<GRUCell> {
   using Forward = std::tuple<Tensor, Tensor, Tensor>;
   using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
   template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward forward(In input, In h0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths) {
-    const LayerOutputs r = F({input, h0, Tensor(), w_ih, w_hh, bias_ih, bias_hh, lengths});
+  static Forward forward(In input, In h0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths, bool save) {
+    const LayerOutputs r = F({input, h0, Tensor(), w_ih, w_hh, bias_ih, bias_hh, lengths, save});
     return {r.output, r.h_n, r.activations};
   }
   template <LayerGrads (*F)(const LayerGradInputs&)>
@@ -179,8 +191,8 @@ struct Ops<GRUCell> {
     return {g.input, g.h0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
   }
   static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward(In, In, In, In, Opt, Opt, Opt)>("lltm::gru_layer_forward");
-    auto [output, h_n, act] = op.call(a.input, a.h0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths);
+    static const auto op = find_op<Forward(In, In, In, In, Opt, Opt, Opt, bool)>("lltm::gru_layer_forward");
+    auto [output, h_n, act] = op.call(a.input, a.h0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.save);
     return {output, h_n, Tensor(), Tensor(), act};
   }
   static LayerGrads call_backward(const LayerGradInputs& a) {

@@ -244,9 +244,11 @@ void forward(const ForwardTensors& f) {
       const int64_t rows = b1 - b0;
       scalar_t* out = f.output.data_ptr<scalar_t>();
       scalar_t* cs = ptr<scalar_t>(f.cells);
+      // (c_t and saved activations of step t: slot t, or one slot for every step when nothing is saved)
+      const int64_t cell_step = step_stride(f.cells), act_step = step_stride(f.activations);
       at::Tensor gh = at::empty({rows, G * H}, f.gates.options());
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t off = (t * B + b0) * H;
+        const int64_t off = (t * B + b0) * H, c_off = t * cell_step + b0 * H;
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
         // single-threaded inside this parallel region
         rows_gemm<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), G * H, gh.data_ptr<scalar_t>(), G * H,
@@ -254,11 +256,11 @@ void forward(const ForwardTensors& f) {
         const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
                                       gh.data_ptr<scalar_t>(),
                                       ptr<scalar_t>(f.bias_hn),
-                                      Cell::kHasCell ? (t == 0 ? ptr<scalar_t>(f.c0) + b0 * H : cs + off - B * H) : nullptr,
+                                      Cell::kHasCell ? (t == 0 ? ptr<scalar_t>(f.c0) + b0 * H : cs + c_off - cell_step) : nullptr,
                                       h_prev,
-                                      f.activations.data_ptr<scalar_t>() + A * off,
+                                      f.activations.data_ptr<scalar_t>() + t * act_step + A * b0 * H,
                                       out + off,
-                                      Cell::kHasCell ? cs + off : nullptr,
+                                      Cell::kHasCell ? cs + c_off : nullptr,
                                       lens ? lens + b0 : nullptr,
                                       t,
                                       rows,
@@ -271,7 +273,8 @@ void forward(const ForwardTensors& f) {
         const int64_t at_last = ((last - 1) * B + b) * H;
         std::copy_n(last == 0 ? ptr<scalar_t>(f.h0) + b * H : out + at_last, H, ptr<scalar_t>(f.h_n) + b * H);
         if (Cell::kHasCell) {
-          std::copy_n(last == 0 ? ptr<scalar_t>(f.c0) + b * H : cs + at_last, H, ptr<scalar_t>(f.c_n) + b * H);
+          const scalar_t* c_last = last == 0 ? ptr<scalar_t>(f.c0) + b * H : cs + (last - 1) * cell_step + b * H;
+          std::copy_n(c_last, H, ptr<scalar_t>(f.c_n) + b * H);
         }
       }
     });

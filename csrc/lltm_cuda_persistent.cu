@@ -215,6 +215,7 @@ struct ForwardParams {
   const int64_t* lengths;   // (B,) or null
   int T;
   int64_t B;
+  int64_t act_step, cell_step;  // elements between steps of act, cells (0: one slot that every step overwrites)
 };
 
 template <typename scalar_t>
@@ -340,9 +341,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         const bool run = t < len[j];
         const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s)
                               : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
-        store_blocks(p.act + row * A * H + rank * U + u, H, s);
+        store_blocks(p.act + t * p.act_step + b * A * H + rank * U + u, H, s);
         p.output[k] = scalar_t(out);
-        if (Cell::kHasCell) p.cells[k] = scalar_t(c[j]);
+        if (Cell::kHasCell) p.cells[t * p.cell_step + b * H + rank * U + u] = scalar_t(c[j]);
       }
 #pragma unroll
       for (int rr = 0; rr < C; ++rr) hremote[rr][((cur ^ 1) * kRows + n) * HS + rank * U + u] = Op::to_smem(h[j]);
@@ -625,7 +626,8 @@ void persistent_forward(const ForwardTensors& f) {
                                          ptr<scalar_t>(f.h_n),   ptr<scalar_t>(f.c_n),
                                          ptr<scalar_t>(f.h0),    ptr<scalar_t>(f.c0),
                                          ptr<scalar_t>(f.weight_hh), ptr<scalar_t>(f.bias_hn),
-                                         ptr<int64_t>(f.lengths), static_cast<int>(T), B};
+                                         ptr<int64_t>(f.lengths), static_cast<int>(T), B,
+                                         step_stride(f.activations), step_stride(f.cells)};
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;

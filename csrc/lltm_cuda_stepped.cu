@@ -55,6 +55,7 @@ struct StepArgs {
   const scalar_t* c0;           // (B, H), backward (c_{t-1} at t = 0)
   const int64_t* lengths;       // (B,) or null
   int64_t t;                    // the step of a chunk's first node; each chunk advances it
+  int64_t act_step, cell_step;  // forward: elements between steps of activations, cells (0: one slot, lltm.h)
 };
 
 template <typename scalar_t>
@@ -87,8 +88,9 @@ __global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args,
     if (Cell::kSplit && args->bias_hn) gh[G - 1] += acc_t(args->bias_hn[j]);
     acc_t cv = Cell::kHasCell ? c[k] : acc_t(0), hv = acc_t(h[k]);
     forward_step<Cell, DeviceMath>(running(args->lengths, b, t), args->gates + row * G * H + j, gh, cv, hv,
-                                   args->activations + row * Cell::kSaved * H + j, args->output + row * H + j,
-                                   Cell::kHasCell ? args->cells + row * H + j : nullptr, H);
+                                   args->activations + t * args->act_step + b * Cell::kSaved * H + j,
+                                   args->output + row * H + j,
+                                   Cell::kHasCell ? args->cells + t * args->cell_step + k : nullptr, H);
     h[k] = scalar_t(hv);
     if (Cell::kHasCell) c[k] = cv;
   }
@@ -322,7 +324,9 @@ void stepped_forward(const ForwardTensors& f) {
                                   nullptr,
                                   nullptr,
                                   f.lengths.defined() ? f.lengths.data_ptr<int64_t>() : nullptr,
-                                  0};
+                                  0,
+                                  step_stride(f.activations),
+                                  step_stride(f.cells)};
     const Key key{f.gates.get_device(), stream, G * 10 + Cell::kSaved, static_cast<int>(f.gates.scalar_type()),
                   B, H, false, tf32};
     const auto bytes = scratch_bytes(false, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));

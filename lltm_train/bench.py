@@ -7,6 +7,9 @@ projection hoisted, time loop in Python) and the fused backend (``cpp`` or ``cud
 step) against ``torch.nn.LSTMCell``/``GRUCell``; peak memory on a GPU. Before timing a configuration it
 checks the fused backend against the python one on the same inputs and stops if they differ.
 
+Inference (``--inference``): one layer's forward alone: as training runs it, under ``torch.no_grad()``
+(nothing kept for a backward) and PyTorch's layer under ``torch.no_grad()`` (bench_inference.py).
+
 Training (``--training``): the default job's model (CharLM, embedding 64, 1 x 256, T = 128, B = 64,
 AdamW, clipping) in a bare loop (a fixed batch, no framework) and through ``lltm-train`` (Lightning, the
 Shakespeare data, logging, checkpoints), with the LLTM and with an ``nn.LSTM`` of the same width; tokens/s
@@ -19,6 +22,7 @@ median of ``--repeats`` timings, every contender measured in the same process on
     lltm-bench --device cuda --dtype bfloat16 --cells lstm,gru --json bench.json
     lltm-bench --device cuda --dtype best --configs gpu-S,gpu-M,gpu-L,gpu-XL   # each in its fastest dtype
     lltm-bench --training --device cuda --steps 300
+    lltm-bench --inference --device cuda --dtype bfloat16   # forward only: training's, no_grad's, cuDNN's
     lltm-bench --sweep T --plot plots/           # tokens/s and memory against T (or B, H): bench_sweep.py
 """
 
@@ -236,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
     parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training (at least 50)")
+    parser.add_argument("--inference", action="store_true", help="forward only: as training runs it, under "
+                        "torch.no_grad() (nothing saved) and PyTorch's layer (bench_inference.py)")
     parser.add_argument("--jit", action="store_true", help="the default model's forward as eager, TorchScript, "
                         "torch.compile and torch.export (batch 1 and 64)")
     parser.add_argument("--sweep", choices=["T", "B", "H"], help="one layer's tokens/s and memory against the "
@@ -266,6 +272,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--dtype best times whole layers: the seed cell has no best-dtype row")
     if args.jit and args.training:
         parser.error("--jit and --training are separate runs")
+    if args.inference and (args.jit or args.training or args.sweep or args.dtype == "best"):
+        parser.error("--inference times layers in one dtype: it does not go with --jit, --training, --sweep or "
+                     "--dtype best")
+    if args.inference and "seed-cell" in configs:
+        if args.configs is not None:
+            parser.error("--inference times whole layers: the seed cell has no inference row")
+        configs = [c for c in configs if c != "seed-cell"]
     try:
         values = [int(v) for v in args.values.split(",")] if args.values is not None else None
     except ValueError:
@@ -310,6 +323,10 @@ def main(argv: list[str] | None = None) -> None:
         from .bench_training import run_training
 
         results = run_training(device, args.steps)
+    elif args.inference:
+        from .bench_inference import run_inference
+
+        results = run_inference(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])
     elif args.dtype == "best":
         from .bench_best import run_best
 

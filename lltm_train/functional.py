@@ -154,6 +154,12 @@ def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor
     return output, tuple(s.squeeze(0) for s in state)
 
 
+def _needs_backward(tensors: tuple) -> bool:
+    """Whether autograd will want this forward's activations: under ``torch.no_grad()``, inference mode, or with
+    nothing that requires grad, the compiled ops keep none (``save=False``: less memory, fewer writes)."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend):
     tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
     input, states, (weight_ih, weight_hh), biases = tensors[0], tensors[1:1 + len(states)], \
@@ -165,7 +171,7 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
         # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
-            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths)
+            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors))
         except (RuntimeError, TypeError):
             _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
             raise
@@ -215,7 +221,9 @@ _LAYER_DOC = """
 
     Returns:
         {returns} output (T, B, hidden_size) holds h_1..h_T; the final state (B, hidden_size) holds each
-        row's state after its last step. Dtype and device of ``input``.
+        row's state after its last step. Dtype and device of ``input``. Under ``torch.no_grad()``, inference
+        mode, or with no argument that requires grad, the cpp and cuda backends keep no activations for a
+        backward (sampling and evaluation use less memory).
 
     Raises:
         TypeError: a non-tensor argument, an integer input, or mixed dtypes.

@@ -1,4 +1,5 @@
-"""lltm-bench --sweep: the scaling figures and plots (the figures themselves live in BENCHMARKS.md)."""
+"""lltm-bench: the scaling sweep, the best-dtype table and the inference figures (the figures themselves live in
+BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,24 @@ def test_best_dtype_goes_with_layers_only(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--device", "cpu", *argv])
     assert exit_.value.code == 2 and "--dtype best times" in capsys.readouterr().err
+
+
+def test_inference_figures_name_each_forward(tmp_path, capsys):
+    out = tmp_path / "inference.json"
+    main(["--device", "cpu", "--inference", "--configs", "cpu-S", "--cells", "lltm,gru", "--repeats", "1",
+          "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["config"], r["cell"]) for r in rows] == [("cpu-S", "lltm"), ("cpu-S", "gru")]
+    for r, baseline in zip(rows, ("nn.LSTM", "nn.GRU")):
+        tps = r["tokens_per_s"]
+        assert set(tps) == {"cpp training", "cpp no_grad", f"{baseline} no_grad"} and min(tps.values()) > 0
+        assert r["no_grad_vs_training"] == tps["cpp no_grad"] / tps["cpp training"]
+    assert "cpu-S  gru (T=128, B=32, I=64, H=128): cpp training" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--inference", "--training"], ["--inference", "--dtype", "best"],
+                                  ["--inference", "--configs", "seed-cell"]])
+def test_inference_goes_with_layers_in_one_dtype(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2 and "--inference times" in capsys.readouterr().err

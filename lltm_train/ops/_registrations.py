@@ -7,7 +7,8 @@ the dispatcher sends a call that mixes meta and real tensors here, which would o
 uninitialised outputs. ``lengths`` lives on the CPU whatever the device.
 
 Argument order, for a cell with states S (h, or h and c) and biases P (bias, or bias_ih and bias_hh):
-forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths) -> (output, *S_n, [cells], activations)``;
+forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths, save=True) -> (output, *S_n, [cells],
+activations)``, where save=False (nothing kept for a backward) gives cells and activations of shape (0,);
 backward ``(grad_output, *grad_S_n, input, h0, [c0], weight_ih, weight_hh, output, [cells], activations,
 lengths) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh, *grad_P)`` (c0 for the LSTM only,
 cells for the cells with a c state).
@@ -37,9 +38,11 @@ def _forward_fake(spec: CellSpec):
     op = f"lltm.{spec.forward_op}"
     n = len(spec.states)
 
-    def fake(input, *args):
-        states, (weight_ih, weight_hh), rest = args[:n], args[n:n + 2], args[n + 2:]
+    def fake(input, *args, save=True):
+        states, (weight_ih, weight_hh), rest = args[:n], args[n:n + 2], args[n + 2:n + 3 + len(spec.biases)]
         biases, lengths = rest[:-1], rest[-1]
+        if len(args) > n + 3 + len(spec.biases):
+            save = args[n + 3 + len(spec.biases)]
         _one_device(op, input, *states, weight_ih, weight_hh, *biases)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
@@ -47,9 +50,10 @@ def _forward_fake(spec: CellSpec):
                      lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size)")
         T, B, _ = input.shape
         H = weight_hh.shape[1]
-        cells = (input.new_empty(T, B, H),) if spec.has_cell_state else ()
+        saved = ((T, B, H), (T, B, spec.saved * H)) if save else ((0,), (0,))  # save=False keeps nothing
+        cells = (input.new_empty(saved[0]),) if spec.has_cell_state else ()
         return (input.new_empty(T, B, H), *(input.new_empty(B, H) for _ in range(n)), *cells,
-                input.new_empty(T, B, spec.saved * H))
+                input.new_empty(saved[1]))
 
     return fake
 

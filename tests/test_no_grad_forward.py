@@ -1,0 +1,132 @@
+"""The forward that keeps nothing for a backward (``save=False``): under ``torch.no_grad()``, inference mode,
+or with nothing that requires grad, the compiled ops write no per-step activations and return the same
+outputs, bit for bit, as the forward that saves them (every cell, cpp and cuda)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import CUDA_READY, CUDA_SKIP_REASON, layer_args
+from lltm_train.functional import rnn_layer
+from lltm_train.nn import LLTM, GRU, LSTM
+
+# (T, B, input_size, hidden_size): one step and one row; several rows per CPU thread; on CUDA, H 64 takes the
+# persistent kernels (bfloat16, and float32 with TF32) and 200 the stepped path.
+SIZES = [(1, 1, 1, 1), (7, 9, 5, 6), (5, 3, 4, 64), (6, 4, 3, 200)]
+
+
+def forward_args(cell, p, lengths):
+    return (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], lengths)
+
+
+def dtypes(device):
+    return [torch.float64, torch.float32] + ([torch.bfloat16] if device == "cuda" else [])
+
+
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "T{}B{}I{}H{}".format(*s))
+def test_save_false_gives_the_same_outputs_and_keeps_nothing(device_backend, cell, sizes):
+    device, _ = device_backend
+    T, B = sizes[:2]
+    op = getattr(torch.ops.lltm, cell.forward_op)
+    n = len(cell.states)
+    for dtype in dtypes(device):
+        p = layer_args(cell, *sizes, device, dtype=dtype, requires_grad=False)
+        for lengths in (None, torch.arange(B) % (T + 1)):  # row lengths 0, 1, ..., every row finished early
+            saved = op(*forward_args(cell, p, lengths), True)
+            kept = op(*forward_args(cell, p, lengths), False)
+            for name, a, b in zip(("output", "h_n", "c_n"), kept[:1 + n], saved[:1 + n]):
+                assert torch.equal(a, b), f"{cell.name} {dtype} lengths={lengths}: {name} differs"
+            assert [tuple(t.shape) for t in kept[1 + n:]] == [(0,)] * (len(saved) - 1 - n)
+            assert all(t.numel() > 0 for t in saved[1 + n:])
+
+
+def test_opcheck_without_saving(device_backend, cell):
+    device, _ = device_backend
+    p = layer_args(cell, 3, 2, 4, 5, device, requires_grad=False)
+    op = getattr(torch.ops.lltm, cell.forward_op).default
+    for lengths in (None, torch.tensor([3, 1])):
+        torch.library.opcheck(op, (*forward_args(cell, p, lengths), False))
+
+
+def test_save_false_is_refused_where_a_gradient_is_wanted(device_backend, cell):
+    device, _ = device_backend
+    p = layer_args(cell, 3, 2, 4, 5, device)  # requires grad
+    op = getattr(torch.ops.lltm, cell.forward_op)
+    with pytest.raises(RuntimeError, match=rf"lltm.{cell.forward_op}: save=False keeps nothing for the backward, "
+                                           r"but an input requires grad under grad mode"):
+        op(*forward_args(cell, p, None), False)
+    with torch.no_grad():
+        out = op(*forward_args(cell, p, None), False)[0]
+    assert not out.requires_grad and out.grad_fn is None
+
+
+class SaveFlags(TorchDispatchMode):
+    """Records the ``save`` argument of every forward op call that reaches a kernel (below autograd)."""
+
+    def __init__(self, op_name):
+        super().__init__()
+        self.op_name, self.flags = op_name, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.name() == f"lltm::{self.op_name}":
+            self.flags.append(args[-1] if isinstance(args[-1], bool) else kwargs.get("save", True))
+        return func(*args, **(kwargs or {}))
+
+
+def test_functional_saves_only_when_autograd_needs_it(device_backend, cell):
+    device, backend = device_backend
+    p = layer_args(cell, 4, 3, 2, 5, device)
+    frozen = layer_args(cell, 4, 3, 2, 5, device, requires_grad=False)
+    args = lambda q: (q["input"], q["states"], q["weight_ih"], q["weight_hh"], *q["biases"])  # noqa: E731
+
+    def flags(q, context):
+        mode = SaveFlags(cell.forward_op)
+        with context(), mode:
+            rnn_layer(cell, *args(q), backend=backend)
+        return mode.flags
+
+    assert flags(p, torch.enable_grad) == [True]
+    assert flags(p, torch.no_grad) == [False]
+    assert flags(p, torch.inference_mode) == [False]
+    assert flags(frozen, torch.enable_grad) == [False]  # nothing requires grad
+    only_input = {**frozen, "input": frozen["input"].clone().requires_grad_()}
+    assert flags(only_input, torch.enable_grad) == [True]
+
+
+@pytest.mark.parametrize("module", [LLTM, LSTM, GRU], ids=["lltm", "lstm", "gru"])
+def test_module_in_eval_under_no_grad_matches_training_forward(device_backend, module):
+    device, backend = device_backend
+    torch.manual_seed(0)
+    m = module(5, 7, num_layers=2, backend=backend).to(device).double()
+    x = torch.randn(6, 3, 5, dtype=torch.float64, device=device)
+    with_grad = m(x)
+    with torch.no_grad():
+        without = m(x)
+    for a, b in zip(torch.utils._pytree.tree_leaves(without), torch.utils._pytree.tree_leaves(with_grad)):
+        assert torch.equal(a, b.detach())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
+@pytest.mark.parametrize("H", [64, 200], ids=["persistent", "stepped"])
+def test_no_grad_forward_peak_memory_leaves_out_the_saved_tensors(cell, H):
+    """Peak CUDA memory of a forward under no_grad is below the training forward's by at least the saved
+    tensors' size (cells (T, B, H) for the LLTM and LSTM, the GRU's (T, B, 4 H) activations)."""
+    T, B, I = 256, 64, 32
+    p = layer_args(cell, T, B, I, H, "cuda", dtype=torch.float32)
+
+    def peak(context):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with context():
+            out, state = rnn_layer(cell, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"],
+                                   backend="cuda")
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    saved_bytes = T * B * H * 4 * (1 if cell.has_cell_state else cell.saved)
+    training, inference = peak(torch.enable_grad), peak(torch.no_grad)
+    assert training - inference >= 0.9 * saved_bytes, (training, inference, saved_bytes)
