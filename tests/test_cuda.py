@@ -66,7 +66,8 @@ def tf32(request):
                                          (torch.float16, False)], indirect=["tf32"], ids=["fp32", "tf32", "bf16", "fp16"])
 def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, dtype, tf32):
     """T = 512: the error against float64 is no worse than the python backend's in the same dtype (TF32,
-    bfloat16, float16), and within 2x it in float32 without TF32 (4x for the bias gradients' column sums)."""
+    bfloat16, float16), and in float32 without TF32 within 8x it: within float32's class (TF32 or a 16-bit
+    intermediate would give 100x or more)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -79,14 +80,13 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
     ours = relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)
     python = relative_errors(forward_backward(p, "python", upstream, cell=cell), exact)
-    # float32 without TF32 runs the stepped path's cuBLAS float32 products: within 2x python's error
-    factor = 2 if dtype == torch.float32 and not tf32 else 1.5
+    # float32 without TF32 runs the stepped path's cuBLAS float32 products. Its error and python's are two random
+    # draws of one size: cuda's / python's was 0.44x-2.75x (geometric mean 1.14x) over 16 draws on the H200 (LLTM,
+    # H 128 and 256, T 512 and 2,048; all of a draw's gradients share the ratio, as they share the recurrence).
+    # Sums in another order (a bias gradient's column sum: a cuBLAS GEMV above 4,096 rows) spread it further.
+    factor = 8 if dtype == torch.float32 and not tf32 else 1.5
     floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
     for name, a, b in zip(NAMES[cell.name], ours, python):
-        # A bias gradient is a column sum over T * B = 5,120 rows: a cuBLAS GEMV above 4,096 rows (in float32,
-        # sequential partial sums), where python's sum reduces pairwise. That order alone gave 2.2x python's
-        # error with some seeds (LLTM_TEST_SEED=1640723046), so it gets 4x.
-        f = 4 if name.startswith("b") and factor == 2 else factor
         if b > 0.5:
             # The dtype has no correct digit of this tensor left (bfloat16 LLTM gradients over 512 steps: the
             # python backend's own error is 0.55-1.25 on the CPU, seeds 0-3, H 200, and cpp's 0.27-1.19). Two such
@@ -94,7 +94,7 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
             # so only the order of magnitude is compared: finite, and the norm not off by more than 2x.
             assert a <= 2 * max(b, 1.0), f"{name}: cuda {a:.2e}, python {b:.2e}"
             continue
-        assert a <= max(f * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
+        assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -193,10 +193,11 @@ def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
 
 def test_float32_precision_within_twice_python_over_2048_steps(full_float32):
     """float32 with TF32 off ("highest"): over 2,048 steps (the stepped path's cuBLAS float32 products), each
-    output's and gradient's error against float64 is within 2x the python backend's, as the median of three
-    draws, and within 4x in every draw. One draw alone is not enough: the gradients' errors build up over the
-    2,048 steps and vary between draws, so that cuda once had 2.65x python's in one of them (x at H 128,
-    LLTM_TEST_SEED=1583841073)."""
+    output's and gradient's error against float64 is within 4x the python backend's as the median of three
+    draws, and within 8x in every draw. The two errors are random draws of one size: cuda's / python's was
+    0.44x-2.75x (geometric mean 1.14x) over 16 draws on the H200 (see the T = 512 test), so "2x in one draw"
+    failed now and then (3.2x, 1.0x, 3.1x at H 256 with LLTM_TEST_SEED=2393125897). TF32 or a 16-bit
+    intermediate would give 100x or more."""
     T, B, I = 2048, 4, 8
     for H in (128, 256):
         ratios = []
@@ -208,7 +209,7 @@ def test_float32_precision_within_twice_python_over_2048_steps(full_float32):
             python = relative_errors(forward_backward(p, "python", upstream), exact)
             ratios.append([a / max(b, 5e-8) for a, b in zip(ours, python)])
         for name, r in zip(NAMES["lltm"], zip(*ratios)):
-            assert sorted(r)[1] <= 2 and max(r) <= 4, f"H={H} {name}: cuda's error / python's in three draws: {r}"
+            assert sorted(r)[1] <= 4 and max(r) <= 8, f"H={H} {name}: cuda's error / python's in three draws: {r}"
 
 
 def test_tf32_errors_over_2048_steps_are_reported(tf32_on):
