@@ -168,11 +168,17 @@ def peak_memory_mib(fn: Callable[[], None], device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
-               cells: list[CellSpec]) -> list[dict]:
+def compiled_backend(device: torch.device) -> str:
+    """The fused backend for the device (cpp or cuda); exits with the reason when it is not built here."""
     backend = resolve_backend("auto", device.type)
     if backend == "python":
         raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
+    return backend
+
+
+def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
+               cells: list[CellSpec]) -> list[dict]:
+    backend = compiled_backend(device)
     # float32: the relative difference from python; 16-bit: the error against float64, as a multiple of python's
     # in the same dtype
     tol = 1e-3 if dtype == torch.float32 else 1.5

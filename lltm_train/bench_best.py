@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from .backends import resolve_backend
 from .ops.cells import CellSpec
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -27,11 +26,10 @@ def _best(figures: dict[str, float]) -> tuple[float, str]:
 def run_best(configs: list[str], device: torch.device, repeats: int, cells: list[CellSpec]) -> list[dict]:
     """One row per config and cell: tokens/s and peak MiB of PyTorch's layer and ours in each dtype, the best
     of each and their ratio; then, per config, the LLTM against the best of nn.LSTM and nn.GRU."""
-    from .bench import CONFIGS, _contenders, baseline_label, check_against_python, measure, peak_memory_mib
+    from .bench import (CONFIGS, _contenders, baseline_label, check_against_python, compiled_backend, measure,
+                        peak_memory_mib)
 
-    backend = resolve_backend("auto", device.type)
-    if backend == "python":
-        raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
+    backend = compiled_backend(device)
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from .backends import resolve_backend
 from .functional import rnn_layer
 from .ops.cells import CellSpec
 
 
 def run_inference(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
                   cells: list[CellSpec]) -> list[dict]:
-    from .bench import CONFIGS, _weights, baseline_label, measure, peak_memory_mib
+    from .bench import CONFIGS, _weights, baseline_label, compiled_backend, measure, peak_memory_mib
 
-    backend = resolve_backend("auto", device.type)
-    if backend == "python":
-        raise SystemExit(f"lltm-bench: the compiled backend for {device.type} is not available here")
+    backend = compiled_backend(device)
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
