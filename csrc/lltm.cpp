@@ -143,6 +143,14 @@ Tensor checked(const std::string& op, const char* name, const Tensor& t, at::Int
   return t.contiguous();  // expanded (stride 0) incoming gradients are materialised here
 }
 
+// A forward with save=False returns its saved tensors empty: say so, rather than only their shape.
+void check_saved(const std::string& op, const Tensor& activations, const Tensor& cells, bool has_cell) {
+  const bool empty = (activations.defined() && activations.dim() == 1 && activations.numel() == 0) ||
+                     (has_cell && cells.defined() && cells.dim() == 1 && cells.numel() == 0);
+  TORCH_CHECK(!empty, op + ": the saved tensors are empty: they come from a forward run with save=False, which "
+                           "keeps nothing for a backward; run the forward with save=True");
+}
+
 Tensor optional_grad(const std::string& op, const char* name, const OptTensor& t, at::IntArrayRef expected,
                      const Tensor& ref) {
   return t.has_value() && t->defined() ? checked(op, name, *t, expected, ref) : Tensor();
@@ -208,6 +216,7 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   b.grad_output = optional_grad(op, "grad_output", a.grad_output, {T, B, H}, a.input);
   b.grad_h_n = optional_grad(op, "grad_h_n", a.grad_h_n, {B, H}, a.input);
   b.output = checked(op, "output", a.output, {T, B, H}, a.input);
+  check_saved(op, a.activations, a.cells, Cell::kHasCell);
   b.activations = checked(op, "activations", a.activations, {T, B, Cell::kSaved * H}, a.input);
   b.h0 = a.h0.contiguous();
   b.weight_hh = a.weight_hh.contiguous();

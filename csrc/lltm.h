@@ -17,7 +17,8 @@
 // save=False (the forward under torch.no_grad or inference mode, for sampling and evaluation, as haste's
 // `Training` flag): nothing is kept for a backward. `cells` and the activations that are not the `gates`
 // buffer itself hold one step, (1, B, .), which every step overwrites (see step_stride), and the op returns
-// them as empty (0,) tensors. The autograd kernel refuses save=False where a gradient is required.
+// them as empty (0,) tensors. Where autograd wants a backward all the same (an input requires grad in grad
+// mode), the autograd kernel saves whatever `save` says: a program traced under no_grad still trains.
 #pragma once
 
 #include <ATen/core/Tensor.h>

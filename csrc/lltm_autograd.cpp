@@ -6,8 +6,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
-#include <string>
-
 #include "lltm.h"
 
 namespace lltm {
@@ -116,22 +114,21 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
 bool requires_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 bool requires_grad(const OptTensor& t) { return t.has_value() && requires_grad(*t); }
 
-// save=False under autograd: no node, and an error where a gradient is wanted (it would silently be missing).
-template <typename Cell>
-LayerOutputs forward_without_saving(const LayerInputs& a) {
-  const bool wanted = requires_grad(a.input) || requires_grad(a.h0) || requires_grad(a.c0) ||
-                      requires_grad(a.weight_ih) || requires_grad(a.weight_hh) || requires_grad(a.bias_ih) ||
-                      requires_grad(a.bias_hh);
-  TORCH_CHECK(!(wanted && at::GradMode::is_enabled()), std::string("lltm.") + Ops<Cell>::kForward +
-                  ": save=False keeps nothing for the backward, but an input requires grad under grad mode; "
-                  "pass save=True, or call it under torch.no_grad()");
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return Ops<Cell>::call_forward(a);
+// Whether autograd will want a backward of this forward: grad mode, and an input that requires grad.
+bool gradient_wanted(const LayerInputs& a) {
+  return at::GradMode::is_enabled() &&
+         (requires_grad(a.input) || requires_grad(a.h0) || requires_grad(a.c0) || requires_grad(a.weight_ih) ||
+          requires_grad(a.weight_hh) || requires_grad(a.bias_ih) || requires_grad(a.bias_hh));
 }
 
+// save=False is the caller's word that no backward will follow. Where autograd wants one all the same (a
+// program traced or exported under no_grad, then trained), the forward saves: the gradients stay right.
 template <typename Cell>
 LayerOutputs autograd_forward(const LayerInputs& a) {
-  if (!a.save) return forward_without_saving<Cell>(a);
+  if (!a.save && !gradient_wanted(a)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return Ops<Cell>::call_forward(a);
+  }
   return unpack_outputs<Cell>(LayerForward<Cell>::apply(a.input, a.h0, defined_or_none(a.c0), a.weight_ih,
                                                          a.weight_hh, a.bias_ih, a.bias_hh, a.lengths));
 }

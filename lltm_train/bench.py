@@ -270,6 +270,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: no CUDA device is visible")
     if (args.values is not None or args.plot) and not args.sweep:
         parser.error("--values and --plot go with --sweep")
+    if args.inference and (args.jit or args.training or args.sweep or args.dtype == "best"):
+        parser.error("--inference times layers in one dtype: it does not go with --jit, --training, --sweep or "
+                     "--dtype best")
+    if args.inference and "seed-cell" in configs:
+        if args.configs is not None:
+            parser.error("--inference times whole layers: the seed cell has no inference row")
+        configs = [c for c in configs if c != "seed-cell"]
     if args.sweep and (args.jit or args.training or args.configs or args.dtype != "float32"):
         parser.error("--sweep times float32 layers: it does not go with --jit, --training, --configs or --dtype")
     if args.dtype == "best" and (args.jit or args.training):
@@ -278,13 +285,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--dtype best times whole layers: the seed cell has no best-dtype row")
     if args.jit and args.training:
         parser.error("--jit and --training are separate runs")
-    if args.inference and (args.jit or args.training or args.sweep or args.dtype == "best"):
-        parser.error("--inference times layers in one dtype: it does not go with --jit, --training, --sweep or "
-                     "--dtype best")
-    if args.inference and "seed-cell" in configs:
-        if args.configs is not None:
-            parser.error("--inference times whole layers: the seed cell has no inference row")
-        configs = [c for c in configs if c != "seed-cell"]
     try:
         values = [int(v) for v in args.values.split(",")] if args.values is not None else None
     except ValueError:

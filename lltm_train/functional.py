@@ -156,8 +156,14 @@ def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor
 
 def _needs_backward(tensors: tuple) -> bool:
     """Whether autograd will want this forward's activations: under ``torch.no_grad()``, inference mode, or with
-    nothing that requires grad, the compiled ops keep none (``save=False``: less memory, fewer writes)."""
-    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+    nothing that requires grad, the compiled ops keep none (``save=False``: less memory, fewer writes). A
+    program traced or exported with ``save=False`` still trains: the op saves wherever autograd needs it."""
+    if not torch.is_grad_enabled():
+        return False
+    # (inference mode with enable_grad inside records nothing; Dynamo cannot trace the question, so not there)
+    if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
+        return False
+    return any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
 
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend):

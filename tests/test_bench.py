@@ -117,7 +117,8 @@ def test_inference_figures_name_each_forward(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--inference", "--training"], ["--inference", "--dtype", "best"],
-                                  ["--inference", "--configs", "seed-cell"]])
+                                  ["--inference", "--configs", "seed-cell"],
+                                  ["--inference", "--sweep", "T", "--configs", "cpu-S"]])
 def test_inference_goes_with_layers_in_one_dtype(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--device", "cpu", *argv])

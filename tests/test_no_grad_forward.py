@@ -1,8 +1,11 @@
 """The forward that keeps nothing for a backward (``save=False``): under ``torch.no_grad()``, inference mode,
 or with nothing that requires grad, the compiled ops write no per-step activations and return the same
-outputs, bit for bit, as the forward that saves them (every cell, cpp and cuda)."""
+outputs, bit for bit, as the forward that saves them (every cell, cpp and cuda); where autograd needs a
+backward all the same, they save."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -50,16 +53,61 @@ def test_opcheck_without_saving(device_backend, cell):
         torch.library.opcheck(op, (*forward_args(cell, p, lengths), False))
 
 
-def test_save_false_is_refused_where_a_gradient_is_wanted(device_backend, cell):
+def test_save_false_still_saves_where_autograd_needs_a_backward(device_backend, cell):
+    """save=False is the caller's word that no backward follows; where autograd wants one all the same (an
+    input requires grad in grad mode) the op saves, and the gradients are those of save=True."""
     device, _ = device_backend
     p = layer_args(cell, 3, 2, 4, 5, device)  # requires grad
     op = getattr(torch.ops.lltm, cell.forward_op)
-    with pytest.raises(RuntimeError, match=rf"lltm.{cell.forward_op}: save=False keeps nothing for the backward, "
-                                           r"but an input requires grad under grad mode"):
-        op(*forward_args(cell, p, None), False)
+    leaves = [t for t in forward_args(cell, p, None) if isinstance(t, torch.Tensor)]
+    grads = []
+    for save in (True, False):
+        out = op(*forward_args(cell, p, None), save)[0]
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
     with torch.no_grad():
         out = op(*forward_args(cell, p, None), False)[0]
     assert not out.requires_grad and out.grad_fn is None
+
+
+def test_backward_of_a_forward_that_saved_nothing_says_so(device_backend, cell):
+    device, _ = device_backend
+    p = layer_args(cell, 3, 2, 4, 5, device, requires_grad=False)
+    result = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p, None), False)
+    n = len(cell.states)
+    out, finals, saved = result[0], result[1:1 + n], result[1 + n:]
+    c0 = p["states"][1:] if cell.needs_c_prev else ()
+    args = (torch.randn_like(out), *(torch.randn_like(s) for s in finals), p["input"], p["states"][0], *c0,
+            p["weight_ih"], p["weight_hh"], out, *saved, None)
+    with pytest.raises(RuntimeError, match=rf"lltm.{cell.backward_op}: the saved tensors are empty: they come from "
+                                           r"a forward run with save=False"):
+        getattr(torch.ops.lltm, cell.backward_op)(*args)
+
+
+@pytest.mark.parametrize("module", [LLTM, LSTM, GRU], ids=["lltm", "lstm", "gru"])
+def test_a_module_exported_or_traced_under_no_grad_still_trains(device_backend, module):
+    """torch.export and torch.jit.trace under no_grad write save=False into the program as a constant; the
+    program, run with grad, still gives torch's gradients (the op saves where autograd needs it)."""
+    device, backend = device_backend
+    torch.manual_seed(0)
+    m = module(4, 6, backend=backend).to(device).double()
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        exported = torch.export.export(m, (x,)).module()
+        traced = torch.jit.trace(m, (x,), check_trace=False)
+    assert "False" in str(exported.graph)  # the constant is there
+    want = torch.autograd.grad(m(x)[0].square().sum(), list(m.parameters()))
+    for program, params in ((exported, list(exported.parameters())), (traced, list(traced.parameters()))):
+        got = torch.autograd.grad(program(x)[0].square().sum(), params)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
 
 
 class SaveFlags(TorchDispatchMode):
@@ -90,6 +138,7 @@ def test_functional_saves_only_when_autograd_needs_it(device_backend, cell):
     assert flags(p, torch.enable_grad) == [True]
     assert flags(p, torch.no_grad) == [False]
     assert flags(p, torch.inference_mode) == [False]
+    assert flags(p, lambda: _both(torch.inference_mode(), torch.enable_grad())) == [False]  # nothing is recorded
     assert flags(frozen, torch.enable_grad) == [False]  # nothing requires grad
     only_input = {**frozen, "input": frozen["input"].clone().requires_grad_()}
     assert flags(only_input, torch.enable_grad) == [True]
