@@ -106,6 +106,11 @@ def layer_args(spec: CellSpec, T: int, B: int, I: int, H: int, device="cpu", dty
             "biases": tuple(rnd(G * H, s=0.5) if bias else None for _ in spec.biases)}
 
 
+def forward_args(spec: CellSpec, p: dict, lengths=None) -> tuple:
+    """The positional arguments of ``spec``'s forward op for ``layer_args`` ``p``, up to ``lengths``."""
+    return (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], lengths)
+
+
 def leaves(p: dict) -> list[torch.Tensor]:
     """The tensors of ``layer_args`` in a fixed order (None biases left out)."""
     return [t for t in (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"]) if t is not None]

@@ -11,17 +11,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import CUDA_READY, CUDA_SKIP_REASON, layer_args
+from conftest import CUDA_READY, CUDA_SKIP_REASON, forward_args, layer_args
 from lltm_train.functional import rnn_layer
 from lltm_train.nn import LLTM, GRU, LSTM
 
 # (T, B, input_size, hidden_size): one step and one row; several rows per CPU thread; on CUDA, H 64 takes the
 # persistent kernels (bfloat16, and float32 with TF32) and 200 the stepped path.
 SIZES = [(1, 1, 1, 1), (7, 9, 5, 6), (5, 3, 4, 64), (6, 4, 3, 200)]
-
-
-def forward_args(cell, p, lengths):
-    return (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], lengths)
 
 
 def dtypes(device):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import layer_args, leaves, run_cell, run_layer, upstream_like
+from conftest import forward_args, layer_args, leaves, run_cell, run_layer, upstream_like
 from lltm_train.functional import rnn_cell, rnn_layer
 
 F64 = dict(rtol=1e-10, atol=1e-10)
@@ -96,10 +96,6 @@ def test_gradcheck_float64(device_backend, cell, bias):
     assert torch.autograd.gradcheck(layer, args)
     assert torch.autograd.gradcheck(lambda *a: layer(*a, lengths=torch.tensor([4, 0, 2])), args)
     assert torch.autograd.gradcheck(one_step, args)
-
-
-def forward_args(cell, p, lengths=None):
-    return (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], lengths)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
