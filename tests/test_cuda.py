@@ -3,6 +3,7 @@ graph-replayed loop), precision over long sequences, streams, CUDA graphs, huge 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -65,9 +66,10 @@ def tf32(request):
 @pytest.mark.parametrize("dtype, tf32", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
                                          (torch.float16, False)], indirect=["tf32"], ids=["fp32", "tf32", "bf16", "fp16"])
 def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, dtype, tf32):
-    """T = 512: the error against float64 is no worse than the python backend's in the same dtype (TF32,
-    bfloat16, float16), and in float32 without TF32 within 8x it: within float32's class (TF32 or a 16-bit
-    intermediate would give 100x or more)."""
+    """T = 512: the error against float64 is within 1.5x the python backend's in the same dtype (TF32,
+    bfloat16, float16) where python keeps two digits or more, and in float32 without TF32 within 8x it: within
+    float32's class (TF32 or a 16-bit intermediate would give 100x or more). Where python keeps one digit or
+    none, within the band two correct implementations were measured to span (below)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -87,14 +89,18 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     factor = 8 if dtype == torch.float32 and not tf32 else 1.5
     floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
     for name, a, b in zip(NAMES[cell.name], ours, python):
-        if b > 0.5:
-            # The dtype has no correct digit of this tensor left (bfloat16 LLTM gradients over 512 steps: the
-            # python backend's own error is 0.55-1.25 on the CPU, seeds 0-3, H 200, and cpp's 0.27-1.19). Two such
-            # errors differ at random (the H200 gave cuda 1.38 against python 0.80, LLTM_TEST_SEED=3975947814),
-            # so only the order of magnitude is compared: finite, and the norm not off by more than 2x.
-            assert a <= 2 * max(b, 1.0), f"{name}: cuda {a:.2e}, python {b:.2e}"
-            continue
-        assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
+        # Where the python backend itself keeps about one digit or none (the LLTM's 16-bit gradients over 512
+        # steps: python's error 0.13-1.34), the errors of two correct implementations are random draws of the
+        # rounding's amplification. cpp's / python's, bfloat16, 3 cells x H 64, 128, 200 x 6 seeds on the CPU:
+        # 0.05x-3.1x where python's error is 0.02-0.1 (74 tensors), 0.4x-13x above 0.1 (121 tensors, all LLTM;
+        # the H200 gave cuda 0.72 against python 0.41, LLTM_TEST_SEED=2159164588). There only the band is
+        # compared; the float64 tests check that the math is right.
+        if b > 0.1:
+            assert math.isfinite(a) and a <= 3 * max(b, 1.0), f"{name}: cuda {a:.2e}, python {b:.2e} (no digit left)"
+        elif b > 0.02:
+            assert a <= 4 * b, f"{name}: cuda {a:.2e}, python {b:.2e} (about one digit left)"
+        else:
+            assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -330,18 +336,21 @@ def test_forcing_one_path(path, B, persistent):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
 @pytest.mark.parametrize("tool", ["racecheck", "synccheck", "memcheck"])
-def test_kernels_are_clean_under_compute_sanitizer(tool):
-    code = """
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_kernels_are_clean_under_compute_sanitizer(tool, cell):
+    # One process per cell and tool, so that xdist spreads the sanitizer's slow runs over the workers.
+    sizes = {"lltm": (64, "float32", 128, "bfloat16", 256, "float16", 512, "bfloat16", 200, "float32"),
+             "lstm": (128, "float32", 512, "float16", 200, "bfloat16"),
+             "gru": (64, "float32", 256, "bfloat16", 96, "bfloat16")}[cell]
+    code = f"""
 import torch
 torch.set_float32_matmul_precision("high")  # float32 on the persistent kernels too
 lengths = torch.tensor([5, 1, 0, 3, 5, 5, 2, 4, 5, 1, 5])
 from lltm_train.functional import rnn_layer
 from lltm_train.ops.cells import CELLS
-for cell, H, dtype in (("lltm", 64, torch.float32), ("lltm", 128, torch.bfloat16), ("lltm", 256, torch.float16),
-                       ("lltm", 512, torch.bfloat16), ("lltm", 200, torch.float32), ("lstm", 128, torch.float32),
-                       ("lstm", 512, torch.float16), ("gru", 64, torch.float32), ("gru", 256, torch.bfloat16),
-                       ("gru", 96, torch.bfloat16)):
-    cell = CELLS[cell]
+sizes = {sizes!r}
+for H, dtype in zip(sizes[::2], sizes[1::2]):
+    cell, dtype = CELLS[{cell!r}], getattr(torch, dtype)
     G = cell.num_gates
     x = torch.randn(5, 11, 7, device="cuda", dtype=dtype, requires_grad=True)
     w_ih = torch.randn(G * H, 7, device="cuda", dtype=dtype) * 0.3
