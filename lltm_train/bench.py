@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per run with --training (at least 50)")
+    parser.add_argument("--steps", type=int, help="training steps per run with --training (at least 50; default 300)")
     parser.add_argument("--inference", action="store_true", help="forward only: as training runs it, under "
                         "torch.no_grad() (nothing saved) and PyTorch's layer (bench_inference.py)")
     parser.add_argument("--jit", action="store_true", help="the default model's forward as eager, TorchScript, "
@@ -300,7 +300,9 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             parser.error(f"--plot: cannot write into {args.plot}: {exc.strerror or exc}")
     # --training's figure is the pace after the first logging window (25 steps, the set-up's): two windows at least
-    if args.repeats < 1 or args.steps < 50 or (args.threads is not None and args.threads < 1):
+    if args.steps is not None and not args.training:
+        parser.error("--steps goes with --training (the layer figures time a fixed number of calls: --repeats)")
+    if args.repeats < 1 or (args.steps or 300) < 50 or (args.threads is not None and args.threads < 1):
         parser.error("--repeats and --threads must be at least 1, --steps at least 50 (the training figure is the "
                      "pace after the first 25-step logging window)")
     if args.json:
@@ -328,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.training:
         from .bench_training import run_training
 
-        results = run_training(device, args.steps)
+        results = run_training(device, args.steps or 300)
     elif args.inference:
         from .bench_inference import run_inference
 

@@ -157,8 +157,9 @@ def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor
 def _needs_backward(tensors: tuple) -> bool:
     """Whether autograd will want this forward's activations: under ``torch.no_grad()``, inference mode, or with
     nothing that requires grad, the compiled ops keep none (``save=False``: less memory, fewer writes). A
-    program traced or exported with ``save=False`` still trains: the op saves wherever autograd needs it."""
-    if not torch.is_grad_enabled():
+    program traced or exported with ``save=False`` still trains: the op saves wherever autograd needs it. So a
+    ``torch.jit.trace`` always records False: one constant, whatever grad mode its check run has."""
+    if not torch.is_grad_enabled() or torch.jit.is_tracing():
         return False
     # (inference mode with enable_grad inside records nothing; Dynamo cannot trace the question, so not there)
     if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
@@ -178,11 +179,19 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
             result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors))
-        except (RuntimeError, TypeError):
+        except (RuntimeError, TypeError) as exc:
             _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
+            if "autograd::Function with functorch transforms" in str(exc):  # PyTorch's words name neither us nor a fix
+                raise NotImplementedError(f"{op}: torch.func's grad, vjp and jacrev cannot enter the {chosen} backend's "
+                                          "backward (a C++ autograd function); use backend='python' "
+                                          "(torch.vmap works)") from exc
             raise
         return result[0], tuple(result[1:1 + len(states)])
     _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
+    if chosen == "python" and layout.startswith("(T,") and torch.jit.is_tracing():  # its loop, unrolled
+        raise RuntimeError(f"{op}: torch.jit.trace of the python backend records its loop over time step by step, so "
+                           f"the trace would run sequences of {input.shape[0]} steps only; trace with backend='cpp' or "
+                           "'cuda' (one op per layer), or use torch.export or torch.compile")
     if chosen == "torch" and weight_hh.shape[-1] > 0:  # torch's kernels refuse hidden_size 0: the reference gives
         return _torch_layer(spec, input, states, weight_ih, weight_hh, biases, lengths)  # the empty result
     return reference.layer_forward(spec.step, spec.split, input, states, weight_ih, weight_hh, *biases,

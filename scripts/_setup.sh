@@ -24,7 +24,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 stamp="$VENV/.lltm-setup"
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/requirements-data.txt" "$ROOT"/csrc/* | sha256sum | cut -c1-16)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/requirements-data.txt" "$ROOT/lltm_train/ops/_build.py" "$ROOT"/csrc/* | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c 'import lltm_train._C' 2>/dev/null; then
   echo "lltm-train: installing into $VENV (first run only: a few minutes, compiles the extension)" >&2
   pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }

@@ -58,6 +58,7 @@ def test_a_sweep_writes_its_figures_and_plot(tmp_path, capsys):
     (["--sweep", "T", "--training"], "--sweep times float32 layers"),
     (["--sweep", "T", "--plot", "/proc/forbidden"], "--plot: cannot write into /proc/forbidden"),
     (["--training", "--steps", "49"], "--steps at least 50"),
+    (["--inference", "--steps", "100"], "--steps goes with --training"),  # it was ignored
     (["--configs", ""], "unknown config ''"),  # the steady pace needs a second logging window
 ])
 def test_bad_sweep_arguments_are_named(argv, message, capsys):

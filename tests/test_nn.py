@@ -216,6 +216,51 @@ def test_bad_arguments_raise_clear_errors(cell):
             LLTM(3, 4, backend="torch")
     with pytest.raises(ValueError, match="hx must be"):
         m(torch.randn(5, 2, 3), [torch.zeros(4, 2, 4)] * 3)
+    # a state of the wrong rank for the input: the shape the caller passed, and the rank torch.nn would want
+    for x, hx, message in ((torch.randn(5, 3), torch.zeros(2, 1, 4), r"h_0 must be 2-D for unbatched 2-D input, "
+                            r"\(num_layers \* num_directions, hidden_size\) = \(2, 4\); got 3-D \(2, 1, 4\)"),
+                           (torch.randn(5, 2, 3), torch.zeros(2, 4), r"h_0 must be 3-D for batched input, .* = \(2, 2, "
+                            r"4\); got 2-D \(2, 4\)")):
+        with pytest.raises(ValueError, match=message):
+            m(x, (hx, hx) if cell.has_cell_state else hx)
+    with pytest.raises(ValueError, match="proj_size=3 is not supported" if cell.has_cell_state else "proj_size is only for LSTMs"):
+        Module(3, 4, proj_size=3)
+    assert Module(3, 4, proj_size=0).proj_size == 0  # torch.nn's default, passed by configs written for it
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_torch_nn_introspection_is_torch_nn_s(name, bias):
+    """Code written for torch.nn.LSTM / GRU reads these: the same names and tensors, in the same order."""
+    kw = dict(num_layers=2, bidirectional=True, bias=bias)
+    ours, theirs = MODULES[name](3, 5, **kw), TORCH[name][0](3, 5, **kw)
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert ours._all_weights == theirs._all_weights
+    assert [[p.shape for p in w] for w in ours.all_weights] == [[p.shape for p in w] for w in theirs.all_weights]
+    assert all(p is getattr(ours, n) for p, n in zip(ours._flat_weights, ours._flat_weights_names))
+    ours.flatten_parameters()  # called by much torch.nn code in forward: nothing to do, nothing changes
+    assert [p.data_ptr() for p in ours.parameters()] == [p.data_ptr() for p in ours._flat_weights]
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_jit_trace_of_a_module_runs_other_lengths_or_refuses(cell):
+    """torch.jit.trace with its defaults (check_trace on): the cpp backend records one op a layer, which runs
+    other lengths and batch sizes and trains; the python backend would record its loop unrolled (a trace
+    that runs one length only), so it refuses."""
+    torch.manual_seed(0)
+    m = MODULES[cell.name](3, 4, num_layers=2, backend="cpp", dtype=torch.float64)
+    traced = torch.jit.trace(m, (torch.randn(5, 2, 3, dtype=torch.float64),))
+    x = torch.randn(9, 3, 3, dtype=torch.float64, requires_grad=True)
+    (out, state), (want, want_state) = traced(x), m(x)
+    assert_close(out, want, **F64)
+    assert_close(as_tuple(state), as_tuple(want_state), **F64)
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    assert_close(grad, torch.autograd.grad(want.square().sum(), x)[0], **F64)
+    m.backend = "python"
+    with pytest.raises(RuntimeError, match="trace of the python backend records its loop over time step by step, so "
+                                           "the trace would run sequences of 5 steps only; trace with backend='cpp'"):
+        torch.jit.trace(m, (torch.randn(5, 2, 3, dtype=torch.float64),))
 
 
 def test_flags_must_be_booleans_and_packed_sequences_well_formed(cell):
@@ -244,7 +289,8 @@ def test_flags_must_be_booleans_and_packed_sequences_well_formed(cell):
         m(PackedSequence(torch.randn(4, 4), torch.tensor([2, 2]), torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])))
 
 
-@pytest.mark.parametrize("backend", ["python", "cpp"])
+# the python backend's loop compiles step by step, for each length: 25-35 s a cell on 2 cores, so -m slow
+@pytest.mark.parametrize("backend", [pytest.param("python", marks=pytest.mark.slow), "cpp"])
 def test_compiled_module_on_packed_sequences_of_varying_lengths_matches_eager(cell, backend):
     """torch.compile (inductor) of the module on PackedSequence batches whose lengths change from batch to
     batch: each batch gives what the eager module gives (it used to fail at the second batch)."""

@@ -148,6 +148,15 @@ def test_unsupported_derivatives_raise_instead_of_returning_zeros():
     tangent = torch.func.jvp(lambda t: lltm_layer(t, hx, w_ih.detach(), w_hh, b, backend="python")[0], (x.detach(),),
                              (torch.ones_like(x),))[1]
     assert tangent.abs().sum() > 0
+    # torch.func's reverse mode cannot enter a C++ autograd function: our message, not PyTorch's generic one
+    with pytest.raises(NotImplementedError, match="torch.func's grad, vjp and jacrev cannot enter the cpp backend"):
+        torch.func.grad(lambda t: lltm_layer(t, hx, w_ih.detach(), w_hh, b, backend="cpp")[0].sum())(x.detach())
+    grad = torch.func.grad(lambda t: lltm_layer(t, hx, w_ih.detach(), w_hh, b, backend="python")[0].sum())(x.detach())
+    torch.testing.assert_close(grad, torch.autograd.grad(lltm_layer(x, hx, w_ih, w_hh, b, backend="cpp")[0].sum(), x)[0])
+    # vmap runs the op once per slice (PyTorch's fallback), with or without grad
+    xs = torch.randn(3, *x.shape, dtype=x.dtype)
+    batched = torch.vmap(lambda t: lltm_layer(t, hx, w_ih, w_hh, b, backend="cpp")[0])(xs)
+    torch.testing.assert_close(batched[1], lltm_layer(xs[1], hx, w_ih, w_hh, b, backend="cpp")[0])
 
 
 def test_raw_ops_refuse_mixed_meta_and_cpu_tensors():

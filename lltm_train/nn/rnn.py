@@ -30,9 +30,13 @@ class RecurrentLayers(BackendMixin, nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 backend: str = "auto", device=None, dtype=None) -> None:
+                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0) -> None:
         super().__init__()
         owner = type(self).__name__
+        if proj_size != 0:  # torch.nn's default is 0, so configs written for torch.nn pass it
+            raise ValueError(f"{owner}: proj_size={proj_size!r} is not supported (only 0, no projection)"
+                             if self.cell.has_cell_state else f"{owner}: proj_size is only for LSTMs (got {proj_size!r})")
+        self.proj_size = 0
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
             v.positive_int(owner, name, value)
         for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
@@ -63,6 +67,31 @@ class RecurrentLayers(BackendMixin, nn.Module):
 
     def reset_parameters(self) -> None:
         reset_uniform(self, self.hidden_size)
+
+    # torch.nn.RNNBase's introspection, for code written against it.
+    @property
+    def _all_weights(self) -> list[list[str]]:
+        """Parameter names per layer and direction, ``torch.nn.LSTM``'s order (biases left out with bias=False)."""
+        names = ("weight_ih", "weight_hh", *self.cell.biases)
+        return [[f"{n}{suffix}" for n in names if getattr(self, f"{n}{suffix}") is not None]
+                for layer in range(self.num_layers) for suffix in self._suffixes(layer)]
+
+    @property
+    def _flat_weights_names(self) -> list[str]:
+        return [name for names in self._all_weights for name in names]
+
+    @property
+    def _flat_weights(self) -> list[Tensor]:
+        return [getattr(self, name) for name in self._flat_weights_names]
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """The parameters per layer and direction, as ``torch.nn.LSTM.all_weights``."""
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    def flatten_parameters(self) -> None:
+        """Does nothing: no backend here needs one flat weight buffer (``torch.nn``'s is for cuDNN). Code that
+        calls it on ``torch.nn.LSTM`` runs unchanged."""
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
@@ -141,6 +170,11 @@ class RecurrentLayers(BackendMixin, nn.Module):
             if not isinstance(hx, Tensor):
                 raise ValueError(f"{owner}: hx must be a tensor h_0, got {type(hx).__name__}")
             state = (hx,)
+        for name, t in zip(names, state):
+            if t.dim() != (2 if unbatched else 3):
+                raise ValueError(f"{owner}: {name} must be {'2-D for unbatched 2-D' if unbatched else '3-D for batched'} "
+                                 f"input, (num_layers * num_directions, {'' if unbatched else 'batch, '}hidden_size) = "
+                                 f"{shape[::2] if unbatched else shape}; got {t.dim()}-D {tuple(t.shape)}")
         state = tuple(t.unsqueeze(1) for t in state) if unbatched else state
         for name, t in zip(names, state):
             if tuple(t.shape) != shape:
@@ -222,6 +256,10 @@ class LSTM(RecurrentLayers):
             (dropout applies to the outputs of every layer but the last, in training mode).
         backend: ``auto`` (the fused kernels of the device), ``python``, ``cpp``, ``cuda`` or ``torch``
             (PyTorch's own LSTM, cuDNN or oneDNN; :mod:`lltm_train.backends`); settable later.
+        proj_size: only 0, ``torch.nn.LSTM``'s default (no projection); another value raises ValueError.
+
+    ``flatten_parameters()``, ``all_weights`` and ``_flat_weights_names`` behave as ``torch.nn.LSTM``'s
+    (``flatten_parameters`` has nothing to do here).
 
     Parameters: ``torch.nn.LSTM``'s names and shapes (``weight_ih_l{k}`` (4H, input_size or D * H),
     ``weight_hh_l{k}`` (4H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (4H), ``_reverse`` for the backward

@@ -7,5 +7,5 @@ Plain constants, no imports: setup.py and CMake read this file without importing
 CPP_SOURCES = ("lltm.cpp", "lltm_autograd.cpp", "lltm_cpu.cpp")
 CUDA_SOURCES = ("lltm_cuda.cu", "lltm_cuda_persistent.cu", "lltm_cuda_stepped.cu")
 PYTHON_SOURCES = ("lltm_python.cpp",)  # the module init of lltm_train._C: setup.py only
-CXX_FLAGS = ["-O3"]
+CXX_FLAGS = ["-O3", "-g0"]
 CUDA_FLAGS = ["-O3"]
