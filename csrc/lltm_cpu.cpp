@@ -222,6 +222,42 @@ void rows_gemm(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, 
   }
 }
 
+// The right operand of the forward's h W_hh^T, (H, G H), stored as column blocks of kPanel: block j (columns
+// [j, j + w)) is an (H, w) row-major panel at offset j H. brgemm then streams each panel contiguously: on a
+// Zen 5, 2 threads of 32 rows, K 512, 64 steps, 371-412 GFLOP/s against 240-326 for the plain (H, G H)
+// matrix, whose rows lie 6-8 KiB apart at the LSTM's and LLTM's H = 512 (BENCHMARKS.md, 2026-12-02).
+constexpr int64_t kPanel = 64;
+
+at::Tensor panels(const at::Tensor& weight_hh, int64_t width) {
+  const at::Tensor w_t = weight_hh.t();  // (H, G H), strided
+  const int64_t K = w_t.size(0), N = w_t.size(1);
+  at::Tensor out = at::empty({K * N}, weight_hh.options());
+  for (int64_t j = 0; j < N; j += width) {
+    const int64_t w = std::min(width, N - j);
+    out.narrow(0, j * K, K * w).view({K, w}).copy_(w_t.narrow(1, j, w));
+  }
+  return out;
+}
+
+// C (M x N) = A (M x K) times `panels` B, panel by panel.
+template <typename scalar_t>
+void rows_gemm_panels(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, const scalar_t* B, int64_t width,
+                      scalar_t* C, int64_t ldc) {
+  for (int64_t j = 0; j < N; j += width) {
+    const int64_t w = std::min(width, N - j);
+    rows_gemm<scalar_t>(M, w, K, A, lda, B + j * K, w, C + j, ldc, false);
+  }
+}
+
+// Panels for brgemm's float32; one panel (the plain matrix, one at::mm a step) for the other types.
+template <typename scalar_t>
+int64_t panel_width(int64_t N) {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  if (std::is_same_v<scalar_t, float>) return kPanel;
+#endif
+  return N;
+}
+
 // Rows per thread: one block per thread, but at least 4 rows (thinner blocks are all call overhead).
 int64_t grain_rows(int64_t B) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -238,8 +274,9 @@ void forward(const ForwardTensors& f) {
   constexpr int G = Cell::kGates, A = Cell::kSaved;
   const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   const int64_t* lens = ptr<int64_t>(f.lengths);
-  const at::Tensor w_t = f.weight_hh.t().contiguous();  // (H, G H): the right operand of h W_hh^T, row-major
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
+    const int64_t width = panel_width<scalar_t>(G * H);
+    const at::Tensor w_t = panels(f.weight_hh, width);  // h W_hh^T's right operand, (H, G H) in column panels
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
       scalar_t* out = f.output.data_ptr<scalar_t>();
@@ -251,8 +288,8 @@ void forward(const ForwardTensors& f) {
         const int64_t off = (t * B + b0) * H, c_off = t * cell_step + b0 * H;
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
         // single-threaded inside this parallel region
-        rows_gemm<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), G * H, gh.data_ptr<scalar_t>(), G * H,
-                            false);
+        rows_gemm_panels<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), width, gh.data_ptr<scalar_t>(),
+                                   G * H);
         const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
                                       gh.data_ptr<scalar_t>(),
                                       ptr<scalar_t>(f.bias_hn),
