@@ -222,30 +222,31 @@ void rows_gemm(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, 
   }
 }
 
-// The right operand of the forward's h W_hh^T, (H, G H), stored as column blocks of kPanel: block j (columns
-// [j, j + w)) is an (H, w) row-major panel at offset j H. brgemm then streams each panel contiguously: on a
-// Zen 5, 2 threads of 32 rows, K 512, 64 steps, 371-412 GFLOP/s against 240-326 for the plain (H, G H)
-// matrix, whose rows lie 6-8 KiB apart at the LSTM's and LLTM's H = 512 (BENCHMARKS.md, 2026-12-02).
+// The right operands of the per-step products, W_hh^T (H, G H) in the forward and W_hh (G H, H) in the
+// backward, stored as column panels: panel j (columns [j, j + w)) is a (K, w) row-major block at offset j K.
+// brgemm then streams each panel contiguously. On a Zen 5, 2 threads of 32 rows, 64 steps: forward
+// (K 512, N 2,048) 391-398 GFLOP/s in panels of 64 against 326-361 for the plain matrix, whose rows lie
+// 8 KiB apart, and 392-412 against 221-243 at N 1,536; backward (K 2,048, N 512) 394 against 232
+// (BENCHMARKS.md, 2026-12-02).
 constexpr int64_t kPanel = 64;
 
-at::Tensor panels(const at::Tensor& weight_hh, int64_t width) {
-  const at::Tensor w_t = weight_hh.t();  // (H, G H), strided
-  const int64_t K = w_t.size(0), N = w_t.size(1);
-  at::Tensor out = at::empty({K * N}, weight_hh.options());
+at::Tensor panels(const at::Tensor& m, int64_t width) {  // m: (K, N), any strides
+  const int64_t K = m.size(0), N = m.size(1);
+  at::Tensor out = at::empty({K * N}, m.options());
   for (int64_t j = 0; j < N; j += width) {
     const int64_t w = std::min(width, N - j);
-    out.narrow(0, j * K, K * w).view({K, w}).copy_(w_t.narrow(1, j, w));
+    out.narrow(0, j * K, K * w).view({K, w}).copy_(m.narrow(1, j, w));
   }
   return out;
 }
 
-// C (M x N) = A (M x K) times `panels` B, panel by panel.
+// C (M x N) = A (M x K) times `panels` B (+ C when accumulating), panel by panel.
 template <typename scalar_t>
 void rows_gemm_panels(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, const scalar_t* B, int64_t width,
-                      scalar_t* C, int64_t ldc) {
+                      scalar_t* C, int64_t ldc, bool accumulate) {
   for (int64_t j = 0; j < N; j += width) {
     const int64_t w = std::min(width, N - j);
-    rows_gemm<scalar_t>(M, w, K, A, lda, B + j * K, w, C + j, ldc, false);
+    rows_gemm<scalar_t>(M, w, K, A, lda, B + j * K, w, C + j, ldc, accumulate);
   }
 }
 
@@ -276,7 +277,7 @@ void forward(const ForwardTensors& f) {
   const int64_t* lens = ptr<int64_t>(f.lengths);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
     const int64_t width = panel_width<scalar_t>(G * H);
-    const at::Tensor w_t = panels(f.weight_hh, width);  // h W_hh^T's right operand, (H, G H) in column panels
+    const at::Tensor w_t = panels(f.weight_hh.t(), width);  // h W_hh^T's right operand, (H, G H)
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
       scalar_t* out = f.output.data_ptr<scalar_t>();
@@ -289,7 +290,7 @@ void forward(const ForwardTensors& f) {
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
         // single-threaded inside this parallel region
         rows_gemm_panels<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), width, gh.data_ptr<scalar_t>(),
-                                   G * H);
+                                   G * H, false);
         const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
                                       gh.data_ptr<scalar_t>(),
                                       ptr<scalar_t>(f.bias_hn),
@@ -325,6 +326,8 @@ void backward(const BackwardTensors& g) {
   const int64_t* lens = ptr<int64_t>(g.lengths);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
+    const int64_t width = panel_width<scalar_t>(H);
+    const at::Tensor w = panels(g.weight_hh, width);  // dg_h W_hh's right operand, (G H, H)
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
       scalar_t* out = g.output.data_ptr<scalar_t>();
@@ -359,8 +362,8 @@ void backward(const BackwardTensors& g) {
             H};
         backward_rows_any<Cell, scalar_t>(p);
         // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
-        rows_gemm<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H,
-                            g.weight_hh.data_ptr<scalar_t>(), H, dh.data_ptr<scalar_t>(), H, true);
+        rows_gemm_panels<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H, w.data_ptr<scalar_t>(),
+                                   width, dh.data_ptr<scalar_t>(), H, true);
       }
       if (Cell::kHasCell) g.grad_c0.narrow(0, b0, rows).copy_(dc);
     });
