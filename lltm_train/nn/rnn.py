@@ -61,9 +61,11 @@ class RecurrentLayers(BackendMixin, nn.Module):
     def _suffixes(self, layer: int) -> list[str]:
         return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
 
+    def _names(self, suffix: str) -> list[str]:
+        return [f"{name}{suffix}" for name in ("weight_ih", "weight_hh", *self.cell.biases)]
+
     def _weights(self, suffix: str) -> list[Tensor | None]:
-        names = ("weight_ih", "weight_hh", *self.cell.biases)
-        return [getattr(self, f"{name}{suffix}") for name in names]
+        return [getattr(self, name) for name in self._names(suffix)]
 
     def reset_parameters(self) -> None:
         reset_uniform(self, self.hidden_size)
@@ -72,8 +74,7 @@ class RecurrentLayers(BackendMixin, nn.Module):
     @property
     def _all_weights(self) -> list[list[str]]:
         """Parameter names per layer and direction, ``torch.nn.LSTM``'s order (biases left out with bias=False)."""
-        names = ("weight_ih", "weight_hh", *self.cell.biases)
-        return [[f"{n}{suffix}" for n in names if getattr(self, f"{n}{suffix}") is not None]
+        return [[name for name in self._names(suffix) if getattr(self, name) is not None]
                 for layer in range(self.num_layers) for suffix in self._suffixes(layer)]
 
     @property
