@@ -23,9 +23,9 @@ flags = {"cxx": build["CXX_FLAGS"]}
 if with_cuda:
     flags["nvcc"] = build["CUDA_FLAGS"]
     sources += [f"csrc/{name}" for name in build["CUDA_SOURCES"]]
-    extension = CUDAExtension("lltm_train._C", sources, extra_compile_args=flags)
+    extension = CUDAExtension("lltm_train._C", sources, extra_compile_args=flags, extra_link_args=build["LD_FLAGS"])
 else:
-    extension = CppExtension("lltm_train._C", sources, extra_compile_args=flags)
+    extension = CppExtension("lltm_train._C", sources, extra_compile_args=flags, extra_link_args=build["LD_FLAGS"])
 
 DEPENDENCIES = [
     f"torch=={torch.__version__.split('+')[0]}",  # the build's torch; 2.13 (CPU) and 2.11 (CUDA) are the tested ones

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "cells.h"
 #include "lltm.h"
@@ -340,25 +341,24 @@ void backward(const BackwardTensors& g) {
       const int64_t rows = b1 - b0;
       scalar_t* out = g.output.data_ptr<scalar_t>();
       scalar_t* cs = ptr<scalar_t>(g.cells);
-      // dh: what the steps after t pass back to h_t; after step 0 it is dL/dh_0.
-      at::Tensor dh = g.grad_h0.narrow(0, b0, rows);
-      if (g.grad_h_n.defined()) {
-        dh.copy_(g.grad_h_n.narrow(0, b0, rows));
+      // dh: what the steps after t pass back to h_t; after step 0 it is dL/dh_0. Plain loops, no ATen ops:
+      // this runs on OpenMP's threads, which do not carry the caller's thread-local state (inference mode).
+      scalar_t* dh = g.grad_h0.data_ptr<scalar_t>() + b0 * H;
+      const scalar_t* dh_n = ptr<scalar_t>(g.grad_h_n);
+      if (dh_n) {
+        std::copy_n(dh_n + b0 * H, rows * H, dh);
       } else {
-        dh.zero_();
+        std::fill_n(dh, rows * H, scalar_t(0));
       }
-      at::Tensor dc;
-      if (Cell::kHasCell) {
-        const auto acc_type = at::toOpMathType(g.activations.scalar_type());
-        dc = g.grad_c_n.defined() ? g.grad_c_n.narrow(0, b0, rows).to(acc_type, false, true)
-                                  : at::zeros({rows, H}, g.activations.options().dtype(acc_type));
-      }
+      std::vector<acc_t> dc(Cell::kHasCell ? rows * H : 0, acc_t(0));  // dL/dc_t, in opmath
+      const scalar_t* dc_n = ptr<scalar_t>(g.grad_c_n);
+      if (Cell::kHasCell && dc_n) std::copy_n(dc_n + b0 * H, rows * H, dc.begin());
       for (int64_t t = T - 1; t >= 0; --t) {
         const int64_t off = (t * B + b0) * H;
         const RowsBackward<scalar_t, acc_t> p{
             g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() + off : nullptr,
-            dh.data_ptr<scalar_t>(),
-            ptr<acc_t>(dc),
+            dh,
+            Cell::kHasCell ? dc.data() : nullptr,
             g.activations.data_ptr<scalar_t>() + A * off,
             Cell::kHasCell ? cs + off : nullptr,
             Cell::kNeedsCPrev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
@@ -371,9 +371,9 @@ void backward(const BackwardTensors& g) {
         backward_rows_any<Cell, scalar_t>(p);
         // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
         rows_gemm_panels<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H, w.data_ptr<scalar_t>(),
-                                   width, dh.data_ptr<scalar_t>(), H, true);
+                                   width, dh, H, true);
       }
-      if (Cell::kHasCell) g.grad_c0.narrow(0, b0, rows).copy_(dc);
+      if (Cell::kHasCell) std::copy_n(dc.begin(), rows * H, g.grad_c0.data_ptr<scalar_t>() + b0 * H);
     });
   });
 }

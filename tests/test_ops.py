@@ -8,6 +8,8 @@ otherwise, float64 included).
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -248,3 +250,52 @@ def test_outputs_are_bitwise_identical_from_run_to_run(device_backend, cell):
     up = upstream_like(cell, 33, 10, 64, device, torch.float32)
     first, second = run_layer(cell, p, backend, up), run_layer(cell, p, backend, up)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _op_library() -> Path:
+    """The file of the loaded op library: the installed module, or the just-in-time build."""
+    module = sys.modules.get("lltm_train._C")
+    if module is not None:
+        return Path(module.__file__)
+    return Path(next(p for p in torch.ops.loaded_libraries if "lltm" in Path(p).name))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_the_cpu_loop_splits_its_rows_over_threads_and_its_results_do_not_depend_on_how_many(cell, dtype):
+    # Without -fopenmp ATen's parallel_for (a header template) compiles to a serial loop: until 2026-12-02
+    # the CPU recurrence ran on one thread, unnoticed. An OpenMP build calls GOMP_parallel.
+    assert b"GOMP_parallel" in _op_library().read_bytes()
+    T, B, I, H = 9, 37, 5, 72  # 37 rows: blocks of 37, 19 + 18 and 13 + 13 + 11; H: a narrower last panel
+    p = layer_args(cell, T, B, I, H, dtype=dtype)
+    up = upstream_like(cell, T, B, H, dtype=dtype)
+    lengths = torch.randint(0, T + 1, (B,))
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(run_layer(cell, p, "cpp", up, lengths))
+    finally:
+        torch.set_num_threads(threads)
+    states = 1 + len(cell.states)
+    for other in results[1:]:
+        if dtype == torch.float32:  # brgemm computes a row alike in any block of rows: bitwise equal
+            assert all(torch.equal(a, b) for a, b in zip(results[0][:states], other[:states]))
+        # MKL's float64 GEMMs (per step, and the weight gradients') round by the block's size and threads
+        assert_all_close(other, results[0], **(F64 if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)))
+
+
+def test_the_cpu_ops_run_under_inference_mode(cell):
+    # The time loop runs on OpenMP's threads, which do not inherit the caller's inference mode: ATen in-place
+    # ops there on the op's own (inference) outputs raised "Inplace update to inference tensor".
+    p = layer_args(cell, 4, 6, 3, 5, requires_grad=False)
+    want = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p))
+    n = len(cell.states)
+    c0 = p["states"][1:] if cell.needs_c_prev else ()
+    upstream = upstream_like(cell, 4, 6, 5)
+    args = (*upstream, p["input"], p["states"][0], *c0, p["weight_ih"], p["weight_hh"], want[0], *want[1 + n:], None)
+    want_grads = getattr(torch.ops.lltm, cell.backward_op)(*args)
+    with torch.inference_mode():
+        got = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p))
+        got_grads = getattr(torch.ops.lltm, cell.backward_op)(*args)
+    assert all(torch.equal(a, b) for a, b in zip((*got, *got_grads), (*want, *want_grads)))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ._build import CPP_SOURCES, CUDA_FLAGS, CUDA_SOURCES, CXX_FLAGS
+from ._build import CPP_SOURCES, CUDA_FLAGS, CUDA_SOURCES, CXX_FLAGS, LD_FLAGS
 
 log = logging.getLogger("lltm_train")
 
@@ -72,6 +72,7 @@ def _build_just_in_time() -> None:
             name="lltm_train_C",
             sources=[str(s) for s in sources],
             extra_cflags=CXX_FLAGS,
+            extra_ldflags=LD_FLAGS,
             extra_cuda_cflags=CUDA_FLAGS,
             build_directory=str(build_dir),
             is_python_module=False,
