@@ -49,8 +49,9 @@ Tensor onednn_or_mkl_linear(const Tensor& x, const Tensor& w, const OptTensor& b
   return stack[0].toTensor();
 }
 
-// dg^T m (a weight gradient: dg (M, N), m (M, K) -> (N, K)), as (m^T dg)^T, the form whose operands oneDNN
-// takes without copying them.
+// dg^T m (a weight gradient: dg (M, N), m (M, K) -> (N, K)), as (m^T dg)^T: oneDNN takes its right operand
+// in any layout, but copies a left one (m^T) that is not stored by rows, as a slow transposing copy; the
+// CPU loop writes m^T by rows for it (BackwardTensors::h_prev_t, input_t).
 Tensor weight_grad(const Tensor& dg, const Tensor& m) {
   if (!use_onednn(m.t(), dg.t())) return dg.t().mm(m);
   return onednn_or_mkl_linear(m.t(), dg.t()).t().contiguous();
@@ -228,6 +229,13 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     if (Cell::kNeedsCPrev) b.c0 = a.c0.contiguous();
     b.grad_c0 = at::empty({B, H}, opts);
   }
+  // The weight gradients' left operands, transposed by the CPU loop for oneDNN (see weight_grad).
+  const Tensor dg = b.grad_gates.view({T * B, GB * H});
+  if (onednn_fits(dg.t(), H)) {
+    b.input = a.input.contiguous();
+    b.h_prev_t = at::empty({H, T * B}, opts);
+    b.input_t = at::empty({I, T * B}, opts);
+  }
   if (B > 0 && H > 0) {
     r.backward(b);
   } else {
@@ -236,10 +244,9 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   }
   // The weight gradients: a few large GEMMs over all T * B rows, after the sequential loop. The h side
   // is the first G blocks of the gate gradients; the x side is the same but for a split gate's block.
-  const Tensor dg = b.grad_gates.view({T * B, GB * H});
   const Tensor dgh = dg.narrow(1, 0, G * H);
-  Tensor x2d = a.input.reshape({T * B, I});
-  if (b.lengths.defined()) {  // padding never reaches a gradient, even where it is not finite (0 * NaN)
+  Tensor x2d = b.input_t.defined() ? b.input_t.t() : a.input.reshape({T * B, I});
+  if (b.lengths.defined() && !b.input_t.defined()) {  // padding never reaches a gradient, even where not finite
     const Tensor padding = at::arange(T, b.lengths.options()).unsqueeze(1) >= b.lengths.unsqueeze(0);
     x2d = x2d.masked_fill(padding.reshape({T * B, 1}).to(x2d.device()), 0);
   }
@@ -248,11 +255,8 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     return m.is_cuda() && T * B > 4096 ? at::mv(m.t(), at::ones({T * B}, m.options())) : m.sum(0);
   };
   LayerGrads g;
-  // One GEMM over h_{t-1} of every step (a copy of T x B x H, cheap beside the GEMM), on all of dg (dense; the
-  // GRU's split x-side block gives rows that are dropped).
-  if (onednn_fits(dg.t(), H)) {
-    const Tensor h_prev = T > 1 ? at::cat({b.h0, b.output.slice(0, 0, T - 1).reshape({(T - 1) * B, H})}) : b.h0;
-    g.weight_hh = weight_grad(dg, h_prev).narrow(0, 0, G * H);
+  if (b.h_prev_t.defined()) {  // one GEMM over h_{t-1} of every step, on all of dg (dense; the GRU's split
+    g.weight_hh = weight_grad(dg, b.h_prev_t.t()).narrow(0, 0, G * H);  // x-side block gives rows dropped)
   } else {
     Tensor grad_weight_hh = b.grad_gates[0].narrow(1, 0, G * H).t().mm(a.h0);
     if (T > 1) {

@@ -55,6 +55,9 @@ struct BackwardTensors {
   Tensor h0, c0, weight_hh, lengths;       // as the forward had them
   Tensor grad_gates;                       // written (In, B, kGradBlocks H): zero at finished rows' steps
   Tensor grad_h0, grad_c0;                 // written (B, H); grad_c0 undefined without a c state
+  // Optional (a CPU loop writes them where defined): the weight gradients' left operands transposed,
+  // h_{t-1} as (H, In B) and the input (contiguous, (In, B, I)) as (I, In B), zero at finished rows' steps.
+  Tensor input, h_prev_t, input_t;
 };
 
 // Elements between two steps' slots of a forward's `activations` or `cells`: 0 where the tensor holds a

@@ -268,6 +268,17 @@ int64_t panel_width(int64_t N) {
   return N;
 }
 
+// One step's block of rows (rows, n), stored by rows, into columns [col, col + rows) of a (n, ld) matrix,
+// with zeros for the rows that have finished (their gradients are zero; 0 * inf would not be).
+template <typename scalar_t>
+void put_transposed(const scalar_t* src, int64_t rows, int64_t n, scalar_t* dst, int64_t ld, int64_t col,
+                    const int64_t* lens, int64_t t) {
+  for (int64_t j = 0; j < n; ++j) {
+    scalar_t* d = dst + j * ld + col;
+    for (int64_t r = 0; r < rows; ++r) d[r] = running(lens, r, t) ? src[r * n + j] : scalar_t(0);
+  }
+}
+
 // Rows per thread: one block per thread, but at least 4 rows (thinner blocks are all call overhead).
 int64_t grain_rows(int64_t B) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -369,6 +380,14 @@ void backward(const BackwardTensors& g) {
             rows,
             H};
         backward_rows_any<Cell, scalar_t>(p);
+        // The weight gradients' operands, while the rows are in cache: against oneDNN's own transposing copy
+        // after the loop, backward 1.05x-1.3x at cpu-S, no change at cpu-M (BENCHMARKS.md, 2026-12-02).
+        if (g.h_prev_t.defined()) {
+          const int64_t I = g.input.size(2), col = t * B + b0;
+          put_transposed(t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H, rows, H, ptr<scalar_t>(g.h_prev_t),
+                         T * B, col, p.lengths, t);
+          put_transposed(ptr<scalar_t>(g.input) + col * I, rows, I, ptr<scalar_t>(g.input_t), T * B, col, p.lengths, t);
+        }
         // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
         rows_gemm_panels<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H, w.data_ptr<scalar_t>(),
                                    width, dh, H, true);

@@ -221,6 +221,21 @@ def test_float32_gradients_close_to_python(device_backend, cell, full_float32):
     assert_all_close(run_layer(cell, p, backend, up), run_layer(cell, p, "python", up), rtol=1e-4, atol=1e-4)
 
 
+def test_float32_with_lengths_and_non_finite_padding_close_to_python(device_backend, cell, full_float32):
+    # Sizes that send the CPU's weight gradients to oneDNN, from the loop's transposed h_{t-1} and input
+    # (zeros for the padding, even where the input is NaN there).
+    device, backend = device_backend
+    T, B, I, H = 12, 9, 16, 96
+    p = layer_args(cell, T, B, I, H, device, dtype=torch.float32)
+    with torch.no_grad():
+        p["input"][5:, 2] = float("nan")
+    lengths = torch.tensor([12, 7, 5, 0, 12, 1, 9, 12, 3])
+    up = upstream_like(cell, T, B, H, device, torch.float32)
+    got = run_layer(cell, p, backend, up, lengths)
+    assert all(torch.isfinite(g).all() for g in got)
+    assert_all_close(got, run_layer(cell, p, "python", up, lengths), rtol=1e-4, atol=1e-4)
+
+
 def test_autocast_runs_in_the_autocast_dtype(device_backend, cell):
     device, backend = device_backend
     p = layer_args(cell, 3, 2, 4, 5, device, dtype=torch.float32)
