@@ -225,7 +225,8 @@ void rows_gemm(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, 
 
 // The right operands of the per-step products, W_hh^T (H, G H) in the forward and W_hh (G H, H) in the
 // backward, stored as column panels: panel j (columns [j, j + w)) is a (K, w) row-major block at offset j K.
-// brgemm then streams each panel contiguously. On a Zen 5, 2 threads of 32 rows, 64 steps: forward
+// brgemm then streams each panel contiguously. On a Zen 5, two blocks of 32 rows (a probe built without
+// OpenMP: both blocks ran on one thread), 64 steps: forward
 // (K 512, N 2,048) 391-398 GFLOP/s in panels of 64 against 326-361 for the plain matrix, whose rows lie
 // 8 KiB apart, and 392-412 against 221-243 at N 1,536; backward (K 2,048, N 512) 394 against 232
 // (BENCHMARKS.md, 2026-12-02).
