@@ -353,8 +353,9 @@ void backward(const BackwardTensors& g) {
       const int64_t rows = b1 - b0;
       scalar_t* out = g.output.data_ptr<scalar_t>();
       scalar_t* cs = ptr<scalar_t>(g.cells);
-      // dh: what the steps after t pass back to h_t; after step 0 it is dL/dh_0. Plain loops, no ATen ops:
-      // this runs on OpenMP's threads, which do not carry the caller's thread-local state (inference mode).
+      // dh: what the steps after t pass back to h_t; after step 0 it is dL/dh_0. Plain loops, no ATen ops on
+      // the op's tensors: this runs on OpenMP's threads, which do not carry the caller's thread-local state
+      // (an in-place op on an output made under inference mode raises there).
       scalar_t* dh = g.grad_h0.data_ptr<scalar_t>() + b0 * H;
       const scalar_t* dh_n = ptr<scalar_t>(g.grad_h_n);
       if (dh_n) {
