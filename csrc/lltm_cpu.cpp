@@ -366,8 +366,10 @@ void backward(const BackwardTensors& g) {
       std::vector<acc_t> dc(Cell::kHasCell ? rows * H : 0, acc_t(0));  // dL/dc_t, in opmath
       const scalar_t* dc_n = ptr<scalar_t>(g.grad_c_n);
       if (Cell::kHasCell && dc_n) std::copy_n(dc_n + b0 * H, rows * H, dc.begin());
+      const int64_t I = g.input.defined() ? g.input.size(2) : 0;
       for (int64_t t = T - 1; t >= 0; --t) {
         const int64_t off = (t * B + b0) * H;
+        const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H;
         const RowsBackward<scalar_t, acc_t> p{
             g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() + off : nullptr,
             dh,
@@ -375,7 +377,7 @@ void backward(const BackwardTensors& g) {
             g.activations.data_ptr<scalar_t>() + A * off,
             Cell::kHasCell ? cs + off : nullptr,
             Cell::kNeedsCPrev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
-            Cell::kNeedsHPrev ? (t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H) : nullptr,
+            Cell::kNeedsHPrev ? h_prev : nullptr,
             g.grad_gates.data_ptr<scalar_t>() + GB * off,
             lens ? lens + b0 : nullptr,
             t,
@@ -385,9 +387,8 @@ void backward(const BackwardTensors& g) {
         // The weight gradients' operands, while the rows are in cache: against oneDNN's own transposing copy
         // after the loop, backward 1.05x-1.3x at cpu-S, no change at cpu-M (BENCHMARKS.md, 2026-12-02).
         if (g.h_prev_t.defined()) {
-          const int64_t I = g.input.size(2), col = t * B + b0;
-          put_transposed(t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H, rows, H, ptr<scalar_t>(g.h_prev_t),
-                         T * B, col, p.lengths, t);
+          const int64_t col = t * B + b0;
+          put_transposed(h_prev, rows, H, ptr<scalar_t>(g.h_prev_t), T * B, col, p.lengths, t);
           put_transposed(ptr<scalar_t>(g.input) + col * I, rows, I, ptr<scalar_t>(g.input_t), T * B, col, p.lengths, t);
         }
         // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
