@@ -5,10 +5,11 @@
 // product) and splits the H hidden units over its C blocks. Block r keeps, in registers, the slice of
 // W_hh that its U = H / C units need, and the cell state of its (unit, row) pairs stays in registers for
 // the whole sequence. Per step the blocks exchange only h (forward) or the partial dL/dh (backward)
-// through distributed shared memory, with one cluster barrier; nothing goes through global memory
-// except the inputs and outputs each step must read and write anyway. (Design and measurements:
-// BENCHMARKS.md; the layout follows the Persistent RNN idea of Diamos et al., 2016, with the grid-wide
-// barrier replaced by a cluster barrier, available from compute capability 9.0.)
+// through distributed shared memory: asynchronous stores that each receiver counts on an mbarrier, with no
+// cluster-wide barrier; nothing goes through global memory except the inputs and outputs each step must
+// read and write anyway. (Design and measurements: BENCHMARKS.md; the layout follows the Persistent RNN
+// idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their
+// distributed shared memory, available from compute capability 9.0.)
 //
 // Forward step, block r, 8 rows: gates_own^T (G U x 8) = W_own (G U x H) . h_{t-1}^T (H x 8) on tensor
 // cores (the K dimension split over warps, partial sums reduced in shared memory), plus the x-projection
@@ -80,8 +81,72 @@ __device__ __forceinline__ void mma_16bit(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+// The per-step exchange: each block's stores into the other blocks' shared memory are `st.async`s that count
+// their bytes on the receiver's mbarrier (one per buffer parity), and the receiver waits only for its own
+// barrier's phase. No cluster-wide barrier, and no release fence that waits for the sender's stores to land
+// (a cluster barrier cost about 1,200 of the 2,600 cycles of a forward step at H = 128: BENCHMARKS.md).
+// Reuse of a buffer two steps later is safe without more: a block writes buffer b at step t only after it has
+// received every block's output of step t - 1, which each block sends after its last read of b.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t local, int rank) {  // the same offset in block `rank`
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+// Arms the barrier's current phase: it completes once `bytes` have arrived (the one arrival is this call).
+__device__ __forceinline__ void mbarrier_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// 4 bytes into another block's shared memory (cluster addresses), counted on its barrier.
+__device__ __forceinline__ void store_remote(uint32_t addr, uint32_t value, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr), "r"(value), "r"(bar)
+               : "memory");
+}
+
+// The exchange's two barriers: buffer b is filled for steps s with s % 2 == b, s >= 1, in the phases
+// (s - 1) / 2 of its barrier.
+struct Exchange {
+  uint32_t base;  // the shared address of the barrier of buffer 0; buffer 1's follows
+  uint32_t bytes;
+  __device__ uint32_t bar(int b) const { return base + 8 * b; }
+  // Block-local set-up, before the cluster.sync that precedes any remote store.
+  __device__ void init(uint64_t (&bars)[2], uint32_t bytes_per_step) {
+    bytes = bytes_per_step;
+    base = smem_addr(&bars[0]);
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar(0));
+      mbarrier_init(bar(1));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbarrier_expect(bar(0), bytes);
+      mbarrier_expect(bar(1), bytes);
+    }
+  }
+  // Waits for the buffer of step s (s >= 1), then arms its barrier for step s + 2.
+  __device__ void wait(int s) {
+    const uint32_t b = bar(s & 1);
+    mbarrier_wait(b, ((s - 1) >> 1) & 1);
+    if (threadIdx.x == 0) mbarrier_expect(b, bytes);
+  }
+};
+
 
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
 // exchanged vectors, stored in shared memory as [n][k] rows (`smem_t`). Fragment layouts are those of
@@ -176,10 +241,10 @@ struct ForwardConfig {
   static constexpr int RS = U + 4;           // partial-sum rows: conflict-free stores from fragments
   static constexpr int PAIRS = U * kRows;
   static constexpr int NP = (PAIRS + NT - 1) / NT;
-  // Dynamic shared memory: h_{t-1} of the cluster's rows, double-buffered, then the partial gate sums of the
-  // K split (the LSTM's 4 gates at H = 512 need 53 KB, beyond the 48 KB a kernel may declare statically).
+  // Dynamic shared memory: h_{t-1} of the cluster's rows, then the partial gate sums of the K split, each
+  // double-buffered (the LSTM's 4 gates at H = 512 need 90 KB, beyond the 48 KB a kernel may declare statically).
   static constexpr int kHbufBytes = 2 * kRows * HS * static_cast<int>(sizeof(typename Op::smem_t));
-  static constexpr int kSmemBytes = kHbufBytes + S * NG * kRows * RS * static_cast<int>(sizeof(float));
+  static constexpr int kSmemBytes = kHbufBytes + 2 * S * NG * kRows * RS * static_cast<int>(sizeof(float));
   static_assert(H % (16 * C) == 0 && NK % S == 0, "unsupported hidden size");
   static_assert(kHbufBytes % 16 == 0 && kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -251,7 +316,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   constexpr int NT = Cfg::NT, NP = Cfg::NP, KS = Op::KS;
   extern __shared__ __align__(16) unsigned char smem[];
   auto& hbuf = *reinterpret_cast<smem_t(*)[2][kRows][HS]>(smem);             // h_{t-1}, double-buffered
-  auto& red = *reinterpret_cast<float(*)[S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);  // partial gate sums
+  // The partial gate sums, double-buffered: step t + 1 writes the other buffer, so that __syncthreads (which
+  // compute-sanitizer's racecheck follows) orders those writes after step t's reads. (The exchange's mbarrier
+  // orders them too, through the st.async of the reading threads; racecheck does not follow that and flagged it.)
+  auto& red = *reinterpret_cast<float(*)[2][S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -287,9 +355,12 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
-  smem_t* hremote[C];
-#pragma unroll
-  for (int rr = 0; rr < C; ++rr) hremote[rr] = cluster.map_shared_rank(&hbuf[0][0][0], rr);
+  __shared__ uint64_t bars[2];
+  Exchange exchange;
+  exchange.init(bars, kRows * H * sizeof(smem_t));
+  // 16-bit h travels in pairs of units (st.async stores 4 bytes at least): even lanes send their own and their
+  // odd neighbour's. Own units u and u + 1 sit in lanes tid and tid ^ 1 (U is even).
+  constexpr int kPack = sizeof(smem_t) == 4 ? 1 : 2;
 
   auto load_x = [&](int t) {
 #pragma unroll
@@ -313,7 +384,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     }
 #pragma unroll
     for (int q = 0; q < NG; ++q) {  // fragment (row m = unit, column n = batch row)
-      float* r = &red[ks][q][0][0];
+      float* r = &red[cur][ks][q][0][0];
       const int u0 = ug * 16 + gid;
       r[(2 * tig) * RS + u0] = acc[q][0];
       r[(2 * tig + 1) * RS + u0] = acc[q][1];
@@ -334,7 +405,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         for (int q = 0; q < NG; ++q) {
           float sum = 0.f;
 #pragma unroll
-          for (int s2 = 0; s2 < S; ++s2) sum += red[s2][q][n][u];
+          for (int s2 = 0; s2 < S; ++s2) sum += red[cur][s2][q][n][u];
           gh[q] = sum;
         }
         if (Cell::kSplit) gh[NG - 1] += bhn[j];
@@ -345,13 +416,26 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) p.cells[t * p.cell_step + b * H + rank * U + u] = scalar_t(c[j]);
       }
+      uint32_t bits;
+      if constexpr (kPack == 1) {
+        bits = __float_as_uint(h[j]);
+      } else {
+        const float other = __shfl_xor_sync(0xffffffffu, h[j], 1);
+        bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
+      }
+      if (u % kPack == 0) {
+        const uint32_t local = smem_addr(&hbuf[cur ^ 1][n][rank * U + u]);
 #pragma unroll
-      for (int rr = 0; rr < C; ++rr) hremote[rr][((cur ^ 1) * kRows + n) * HS + rank * U + u] = Op::to_smem(h[j]);
+        for (int rr = 0; rr < C; ++rr) store_remote(cluster_addr(local, rr), bits, cluster_addr(exchange.bar(cur ^ 1), rr));
+      }
     }
-    cluster_arrive();  // h_t is in every block; global stores and the next prefetch overlap the barrier
-    if (t + 1 < T) load_x(t + 1);
-    cluster_wait();
+    if (t + 1 < T) {
+      load_x(t + 1);
+      exchange.wait(t + 1);
+    }
   }
+  if (T > 0) exchange.wait(T);  // the last step's stores into this block have landed
+  cluster.sync();               // and no block exits while another may still write into it
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U;
@@ -376,7 +460,9 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
   constexpr int C = Cfg::C, U = Cfg::U, NKB = Cfg::NKB, DS = Cfg::DS, RS = Cfg::RS, NT = Cfg::NT;
   constexpr int NP = Cfg::NP, KS = Op::KS;
-  __shared__ __align__(16) smem_t dgbuf[kRows][DS];         // this block's h-side gate gradients, [row][gate row]
+  // This block's h-side gate gradients, [row][gate row], double-buffered: a warp that has received its step's
+  // partial sums may write the next step's while a warp that sends to another block still reads this one.
+  __shared__ __align__(16) smem_t dgbuf[2][kRows][DS];
   __shared__ float slots[2][C][kRows][RS];                  // partial dL/dh of our units, from each block
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -410,8 +496,11 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
+  __shared__ uint64_t bars[2];
+  Exchange exchange;
+  exchange.init(bars, kRows * H * sizeof(float));
   // This warp's 16 rows of dL/dh (units warp*16 ...) belong to one block: 16 divides U.
-  float* const owner_slots = cluster.map_shared_rank(&slots[0][0][0][0], warp * 16 / U);
+  const int owner = warp * 16 / U;
 
   auto load = [&](int t) {
 #pragma unroll
@@ -449,23 +538,25 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * H + rank * U + u, H, dg);
       }
 #pragma unroll
-      for (int q = 0; q < NG; ++q) dgbuf[n][q * U + u] = Op::to_smem(dg[q]);
+      for (int q = 0; q < NG; ++q) dgbuf[cur][n][q * U + u] = Op::to_smem(dg[q]);
     }
     __syncthreads();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[0][0], DS, kk * KS, gid, tig));
+    for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[cur][0][0], DS, kk * KS, gid, tig));
     {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
-      float* d = owner_slots + (((cur ^ 1) * C + rank) * kRows) * RS + (warp * 16) % U + gid;
-      d[(2 * tig) * RS] = acc[0];
-      d[(2 * tig + 1) * RS] = acc[1];
-      d[(2 * tig) * RS + 8] = acc[2];
-      d[(2 * tig + 1) * RS + 8] = acc[3];
+      const uint32_t d = cluster_addr(smem_addr(&slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid]), owner);
+      const uint32_t bar = cluster_addr(exchange.bar(cur ^ 1), owner);
+      constexpr uint32_t row = RS * sizeof(float);
+      store_remote(d, __float_as_uint(acc[0]), bar);
+      store_remote(d + row, __float_as_uint(acc[1]), bar);
+      store_remote(d + 8 * sizeof(float), __float_as_uint(acc[2]), bar);
+      store_remote(d + row + 8 * sizeof(float), __float_as_uint(acc[3]), bar);
     }
-    cluster_arrive();
     if (t > 0) load(t - 1);
-    cluster_wait();
+    exchange.wait(it + 1);
   }
+  cluster.sync();  // no block exits while another may still write into it
   const int last = T & 1;  // the slot parity written by the last step
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
