@@ -6,7 +6,7 @@
 // W_hh that its U = H / C units need, and the cell state of its (unit, row) pairs stays in registers for
 // the whole sequence. Per step the blocks exchange only h (forward) or the partial dL/dh (backward)
 // through distributed shared memory: asynchronous stores that each receiver counts on an mbarrier, with no
-// cluster-wide barrier; nothing goes through global memory except the inputs and outputs each step must
+// cluster-wide barrier (clusters of 16 keep one: async_exchange); nothing goes through global memory except the inputs and outputs each step must
 // read and write anyway. (Design and measurements: BENCHMARKS.md; the layout follows the Persistent RNN
 // idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their
 // distributed shared memory, available from compute capability 9.0.)
@@ -146,6 +146,14 @@ struct Exchange {
     if (threadIdx.x == 0) mbarrier_expect(b, bytes);
   }
 };
+
+// Clusters of up to 8 blocks exchange through Exchange. Clusters of 16 (H = 512) keep one cluster barrier a
+// step: there compute-sanitizer's racecheck also reported the mbarriers' set-up (init, then the first arrive,
+// one thread) as hazards, which it did not for 4 and 8 blocks (H200, 2026-12-02). Until that is understood,
+// the barrier, which racecheck passes, stays there (Exchange ran 1.09x-1.11x faster at gpu-M: BENCHMARKS.md).
+constexpr bool async_exchange(int cluster) { return cluster <= 8; }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
@@ -317,8 +325,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   auto& hbuf = *reinterpret_cast<smem_t(*)[2][kRows][HS]>(smem);             // h_{t-1}, double-buffered
   // The partial gate sums, double-buffered: step t + 1 writes the other buffer, so that __syncthreads (which
-  // compute-sanitizer's racecheck follows) orders those writes after step t's reads. (The exchange's mbarrier
-  // orders them too, through the st.async of the reading threads; racecheck does not follow that and flagged it.)
+  // compute-sanitizer's racecheck follows) orders those writes after step t's reads. (Exchange's mbarriers order
+  // them too, through the st.async of the reading threads, but racecheck does not follow that and flagged it.)
   auto& red = *reinterpret_cast<float(*)[2][S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -355,9 +363,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
+  constexpr bool kAsync = async_exchange(C);
   __shared__ uint64_t bars[2];
   Exchange exchange;
-  exchange.init(bars, kRows * H * sizeof(smem_t));
+  if constexpr (kAsync) exchange.init(bars, kRows * H * sizeof(smem_t));
   // 16-bit h travels in pairs of units (st.async stores 4 bytes at least): even lanes send their own and their
   // odd neighbour's. Own units u and u + 1 sit in lanes tid and tid ^ 1 (U is even).
   constexpr int kPack = sizeof(smem_t) == 4 ? 1 : 2;
@@ -416,26 +425,40 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) p.cells[t * p.cell_step + b * H + rank * U + u] = scalar_t(c[j]);
       }
-      uint32_t bits;
-      if constexpr (kPack == 1) {
-        bits = __float_as_uint(h[j]);
-      } else {
-        const float other = __shfl_xor_sync(0xffffffffu, h[j], 1);
-        bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
-      }
-      if (u % kPack == 0) {
-        const uint32_t local = smem_addr(&hbuf[cur ^ 1][n][rank * U + u]);
+      if constexpr (kAsync) {
+        uint32_t bits;
+        if constexpr (kPack == 1) {
+          bits = __float_as_uint(h[j]);
+        } else {
+          const float other = __shfl_xor_sync(0xffffffffu, h[j], 1);
+          bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
+        }
+        if (u % kPack == 0) {
+          const uint32_t local = smem_addr(&hbuf[cur ^ 1][n][rank * U + u]);
 #pragma unroll
-        for (int rr = 0; rr < C; ++rr) store_remote(cluster_addr(local, rr), bits, cluster_addr(exchange.bar(cur ^ 1), rr));
+          for (int rr = 0; rr < C; ++rr) store_remote(cluster_addr(local, rr), bits, cluster_addr(exchange.bar(cur ^ 1), rr));
+        }
+      } else {
+        const int offset = ((cur ^ 1) * kRows + n) * HS + rank * U + u;
+#pragma unroll
+        for (int rr = 0; rr < C; ++rr) cluster.map_shared_rank(&hbuf[0][0][0], rr)[offset] = Op::to_smem(h[j]);
       }
     }
-    if (t + 1 < T) {
-      load_x(t + 1);
-      exchange.wait(t + 1);
+    if constexpr (kAsync) {
+      if (t + 1 < T) {
+        load_x(t + 1);
+        exchange.wait(t + 1);
+      }
+    } else {
+      cluster_arrive();  // h_t is in every block; the next prefetch overlaps the barrier
+      if (t + 1 < T) load_x(t + 1);
+      cluster_wait();
     }
   }
-  if (T > 0) exchange.wait(T);  // the last step's stores into this block have landed
-  cluster.sync();               // and no block exits while another may still write into it
+  if constexpr (kAsync) {
+    if (T > 0) exchange.wait(T);  // the last step's stores into this block have landed
+    cluster.sync();               // and no block exits while another may still write into it
+  }
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U;
@@ -496,9 +519,10 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
+  constexpr bool kAsync = async_exchange(C);
   __shared__ uint64_t bars[2];
   Exchange exchange;
-  exchange.init(bars, kRows * H * sizeof(float));
+  if constexpr (kAsync) exchange.init(bars, kRows * H * sizeof(float));
   // This warp's 16 rows of dL/dh (units warp*16 ...) belong to one block: 16 divides U.
   const int owner = warp * 16 / U;
 
@@ -544,7 +568,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[cur][0][0], DS, kk * KS, gid, tig));
-    {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
+    // Rows m (units of the whole layer) go to the block that owns them, into its slot for this block.
+    if constexpr (kAsync) {
       const uint32_t d = cluster_addr(smem_addr(&slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid]), owner);
       const uint32_t bar = cluster_addr(exchange.bar(cur ^ 1), owner);
       constexpr uint32_t row = RS * sizeof(float);
@@ -552,11 +577,20 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       store_remote(d + row, __float_as_uint(acc[1]), bar);
       store_remote(d + 8 * sizeof(float), __float_as_uint(acc[2]), bar);
       store_remote(d + row + 8 * sizeof(float), __float_as_uint(acc[3]), bar);
+      if (t > 0) load(t - 1);
+      exchange.wait(it + 1);
+    } else {
+      float* d = cluster.map_shared_rank(&slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid], owner);
+      d[0] = acc[0];
+      d[RS] = acc[1];
+      d[8] = acc[2];
+      d[RS + 8] = acc[3];
+      cluster_arrive();
+      if (t > 0) load(t - 1);
+      cluster_wait();
     }
-    if (t > 0) load(t - 1);
-    exchange.wait(it + 1);
   }
-  cluster.sync();  // no block exits while another may still write into it
+  if constexpr (kAsync) cluster.sync();  // no block exits while another may still write into it
   const int last = T & 1;  // the slot parity written by the last step
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
