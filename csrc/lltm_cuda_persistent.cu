@@ -104,11 +104,13 @@ __device__ __forceinline__ void mbarrier_expect(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// Acquire at cluster scope: the bytes come from other blocks' st.async, whose completion is a release at
+// cluster scope (the default, .cta, would not synchronise with it).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
     asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
@@ -325,8 +327,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   auto& hbuf = *reinterpret_cast<smem_t(*)[2][kRows][HS]>(smem);             // h_{t-1}, double-buffered
   // The partial gate sums, double-buffered: step t + 1 writes the other buffer, so that __syncthreads (which
-  // compute-sanitizer's racecheck follows) orders those writes after step t's reads. (Exchange's mbarriers order
-  // them too, through the st.async of the reading threads, but racecheck does not follow that and flagged it.)
+  // compute-sanitizer's racecheck follows) orders those writes after step t's reads. (Without it they are
+  // ordered too: every thread that reads them sends its h into its own block afterwards, and the writers wait
+  // for those bytes; racecheck does not follow that chain and flagged it.)
   auto& red = *reinterpret_cast<float(*)[2][S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);
 
   cg::cluster_group cluster = cg::this_cluster();
