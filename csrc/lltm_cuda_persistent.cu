@@ -123,39 +123,65 @@ __device__ __forceinline__ void store_remote(uint32_t addr, uint32_t value, uint
                : "memory");
 }
 
-// The exchange's two barriers: buffer b is filled for steps s with s % 2 == b, s >= 1, in the phases
-// (s - 1) / 2 of its barrier.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// Clusters of up to 8 blocks exchange through mbarriers. Clusters of 16 (H = 512) keep one cluster barrier a
+// step: there compute-sanitizer's racecheck also reported the mbarriers' set-up (init, then the first arrive,
+// one thread) as hazards, which it did not for 4 and 8 blocks (H200, 2026-12-02). Until that is understood,
+// the barrier, which racecheck passes, stays there (the mbarriers ran 1.09x-1.11x faster at gpu-M: BENCHMARKS.md).
+constexpr bool async_exchange(int cluster) { return cluster <= 8; }
+
+// A step's exchange between the blocks of a cluster: put() sends 4 bytes into another block's shared memory,
+// end_step(s, prefetch) waits until this block has received everything for step s (the prefetch overlaps the
+// wait), finish() before the kernel's exit. With kAsync, the two mbarriers: buffer b is filled for steps s with
+// s % 2 == b, s >= 1, in the phases (s - 1) / 2 of its barrier; otherwise one cluster barrier a step.
+template <bool kAsync>
 struct Exchange {
   uint32_t base;  // the shared address of the barrier of buffer 0; buffer 1's follows
   uint32_t bytes;
   __device__ uint32_t bar(int b) const { return base + 8 * b; }
   // Block-local set-up, before the cluster.sync that precedes any remote store.
   __device__ void init(uint64_t (&bars)[2], uint32_t bytes_per_step) {
-    bytes = bytes_per_step;
-    base = smem_addr(&bars[0]);
-    if (threadIdx.x == 0) {
-      mbarrier_init(bar(0));
-      mbarrier_init(bar(1));
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      mbarrier_expect(bar(0), bytes);
-      mbarrier_expect(bar(1), bytes);
+    if constexpr (kAsync) {
+      bytes = bytes_per_step;
+      base = smem_addr(&bars[0]);
+      if (threadIdx.x == 0) {
+        mbarrier_init(bar(0));
+        mbarrier_init(bar(1));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbarrier_expect(bar(0), bytes);
+        mbarrier_expect(bar(1), bytes);
+      }
     }
   }
-  // Waits for the buffer of step s (s >= 1), then arms its barrier for step s + 2.
-  __device__ void wait(int s) {
-    const uint32_t b = bar(s & 1);
-    mbarrier_wait(b, ((s - 1) >> 1) & 1);
-    if (threadIdx.x == 0) mbarrier_expect(b, bytes);
+  // `local`: the address in this block's shared memory; the value lands at the same offset in block `rank`,
+  // in the buffer of step s (s % 2).
+  __device__ void put(const void* local, uint32_t value, int rank, int s) const {
+    const uint32_t addr = cluster_addr(smem_addr(local), rank);
+    if constexpr (kAsync) {
+      store_remote(addr, value, cluster_addr(bar(s & 1), rank));
+    } else {
+      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
+    }
+  }
+  template <typename F>
+  __device__ void end_step(int s, F prefetch) {
+    if constexpr (kAsync) {
+      prefetch();
+      const uint32_t b = bar(s & 1);
+      mbarrier_wait(b, ((s - 1) >> 1) & 1);
+      if (threadIdx.x == 0) mbarrier_expect(b, bytes);  // armed again for step s + 2
+    } else {
+      cluster_arrive();
+      prefetch();
+      cluster_wait();
+    }
+  }
+  __device__ void finish() {
+    if constexpr (kAsync) cg::this_cluster().sync();  // no block exits while another may still write into it
   }
 };
-
-// Clusters of up to 8 blocks exchange through Exchange. Clusters of 16 (H = 512) keep one cluster barrier a
-// step: there compute-sanitizer's racecheck also reported the mbarriers' set-up (init, then the first arrive,
-// one thread) as hazards, which it did not for 4 and 8 blocks (H200, 2026-12-02). Until that is understood,
-// the barrier, which racecheck passes, stays there (Exchange ran 1.09x-1.11x faster at gpu-M: BENCHMARKS.md).
-constexpr bool async_exchange(int cluster) { return cluster <= 8; }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
@@ -366,12 +392,11 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
-  constexpr bool kAsync = async_exchange(C);
   __shared__ uint64_t bars[2];
-  Exchange exchange;
-  if constexpr (kAsync) exchange.init(bars, kRows * H * sizeof(smem_t));
-  // 16-bit h travels in pairs of units (st.async stores 4 bytes at least): even lanes send their own and their
-  // odd neighbour's. Own units u and u + 1 sit in lanes tid and tid ^ 1 (U is even).
+  Exchange<async_exchange(C)> exchange;
+  exchange.init(bars, kRows * H * sizeof(smem_t));
+  // 16-bit h travels in pairs of units (put() stores 4 bytes, as st.async does at least): even lanes send their
+  // own and their odd neighbour's. Own units u and u + 1 sit in lanes tid and tid ^ 1 (U is even).
   constexpr int kPack = sizeof(smem_t) == 4 ? 1 : 2;
 
   auto load_x = [&](int t) {
@@ -428,40 +453,23 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) p.cells[t * p.cell_step + b * H + rank * U + u] = scalar_t(c[j]);
       }
-      if constexpr (kAsync) {
-        uint32_t bits;
-        if constexpr (kPack == 1) {
-          bits = __float_as_uint(h[j]);
-        } else {
-          const float other = __shfl_xor_sync(0xffffffffu, h[j], 1);
-          bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
-        }
-        if (u % kPack == 0) {
-          const uint32_t local = smem_addr(&hbuf[cur ^ 1][n][rank * U + u]);
-#pragma unroll
-          for (int rr = 0; rr < C; ++rr) store_remote(cluster_addr(local, rr), bits, cluster_addr(exchange.bar(cur ^ 1), rr));
-        }
+      uint32_t bits;
+      if constexpr (kPack == 1) {
+        bits = __float_as_uint(h[j]);
       } else {
-        const int offset = ((cur ^ 1) * kRows + n) * HS + rank * U + u;
+        const float other = __shfl_xor_sync(0xffffffffu, h[j], 1);
+        bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
+      }
+      if (u % kPack == 0) {
 #pragma unroll
-        for (int rr = 0; rr < C; ++rr) cluster.map_shared_rank(&hbuf[0][0][0], rr)[offset] = Op::to_smem(h[j]);
+        for (int rr = 0; rr < C; ++rr) exchange.put(&hbuf[cur ^ 1][n][rank * U + u], bits, rr, t + 1);
       }
     }
-    if constexpr (kAsync) {
-      if (t + 1 < T) {
-        load_x(t + 1);
-        exchange.wait(t + 1);
-      }
-    } else {
-      cluster_arrive();  // h_t is in every block; the next prefetch overlaps the barrier
+    exchange.end_step(t + 1, [&] {
       if (t + 1 < T) load_x(t + 1);
-      cluster_wait();
-    }
+    });
   }
-  if constexpr (kAsync) {
-    if (T > 0) exchange.wait(T);  // the last step's stores into this block have landed
-    cluster.sync();               // and no block exits while another may still write into it
-  }
+  exchange.finish();
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U;
@@ -522,10 +530,9 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
   }
-  constexpr bool kAsync = async_exchange(C);
   __shared__ uint64_t bars[2];
-  Exchange exchange;
-  if constexpr (kAsync) exchange.init(bars, kRows * H * sizeof(float));
+  Exchange<async_exchange(C)> exchange;
+  exchange.init(bars, kRows * H * sizeof(float));
   // This warp's 16 rows of dL/dh (units warp*16 ...) belong to one block: 16 divides U.
   const int owner = warp * 16 / U;
 
@@ -571,29 +578,18 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[cur][0][0], DS, kk * KS, gid, tig));
-    // Rows m (units of the whole layer) go to the block that owns them, into its slot for this block.
-    if constexpr (kAsync) {
-      const uint32_t d = cluster_addr(smem_addr(&slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid]), owner);
-      const uint32_t bar = cluster_addr(exchange.bar(cur ^ 1), owner);
-      constexpr uint32_t row = RS * sizeof(float);
-      store_remote(d, __float_as_uint(acc[0]), bar);
-      store_remote(d + row, __float_as_uint(acc[1]), bar);
-      store_remote(d + 8 * sizeof(float), __float_as_uint(acc[2]), bar);
-      store_remote(d + row + 8 * sizeof(float), __float_as_uint(acc[3]), bar);
-      if (t > 0) load(t - 1);
-      exchange.wait(it + 1);
-    } else {
-      float* d = cluster.map_shared_rank(&slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid], owner);
-      d[0] = acc[0];
-      d[RS] = acc[1];
-      d[8] = acc[2];
-      d[RS + 8] = acc[3];
-      cluster_arrive();
-      if (t > 0) load(t - 1);
-      cluster_wait();
+    {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
+      const float* d = &slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid];
+      exchange.put(d, __float_as_uint(acc[0]), owner, it + 1);
+      exchange.put(d + RS, __float_as_uint(acc[1]), owner, it + 1);
+      exchange.put(d + 8, __float_as_uint(acc[2]), owner, it + 1);
+      exchange.put(d + RS + 8, __float_as_uint(acc[3]), owner, it + 1);
     }
+    exchange.end_step(it + 1, [&] {
+      if (t > 0) load(t - 1);
+    });
   }
-  if constexpr (kAsync) cluster.sync();  // no block exits while another may still write into it
+  exchange.finish();
   const int last = T & 1;  // the slot parity written by the last step
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
