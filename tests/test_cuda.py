@@ -197,13 +197,14 @@ def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
         assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-def test_float32_precision_within_twice_python_over_2048_steps(full_float32):
+def test_float32_precision_in_float32s_class_over_2048_steps(full_float32):
     """float32 with TF32 off ("highest"): over 2,048 steps (the stepped path's cuBLAS float32 products), each
-    output's and gradient's error against float64 is within 4x the python backend's as the median of three
-    draws, and within 8x in every draw. The two errors are random draws of one size: cuda's / python's was
-    0.44x-2.75x (geometric mean 1.14x) over 16 draws on the H200 (see the T = 512 test), so "2x in one draw"
-    failed now and then (3.2x, 1.0x, 3.1x at H 256 with LLTM_TEST_SEED=2393125897). TF32 or a 16-bit
-    intermediate would give 100x or more."""
+    output's and gradient's error against float64, as a ratio to the python backend's, has a geometric mean
+    within 8x over three draws and is within 64x in every draw. The ratio of two correct float32 errors is
+    heavy-tailed over this many steps: the cpp backend's / python's spanned 0.07x-10.7x over 20 draws (seeds
+    0-19, H 128, CPU), and the H200's cuda / python gave 26.6x for h_n and 23.9x for the x gradient in single
+    draws, where a rule of "within 8x in every draw" failed. TF32 or a 16-bit intermediate would give 100x or
+    more in every draw (13 or more mantissa bits fewer)."""
     T, B, I = 2048, 4, 8
     for H in (128, 256):
         ratios = []
@@ -215,7 +216,8 @@ def test_float32_precision_within_twice_python_over_2048_steps(full_float32):
             python = relative_errors(forward_backward(p, "python", upstream), exact)
             ratios.append([a / max(b, 5e-8) for a, b in zip(ours, python)])
         for name, r in zip(NAMES["lltm"], zip(*ratios)):
-            assert sorted(r)[1] <= 4 and max(r) <= 8, f"H={H} {name}: cuda's error / python's in three draws: {r}"
+            geometric_mean = math.prod(r) ** (1 / len(r))
+            assert geometric_mean <= 8 and max(r) <= 64, f"H={H} {name}: cuda's error / python's in three draws: {r}"
 
 
 def test_tf32_errors_over_2048_steps_are_reported(tf32_on):
