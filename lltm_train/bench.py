@@ -16,7 +16,9 @@ Shakespeare data, logging, checkpoints), with the LLTM and with an ``nn.LSTM`` o
 of each and the ratios the targets name.
 
 GPU times come from CUDA events after warm-up, CPU times from ``time.perf_counter``; each figure is the
-median of ``--repeats`` timings, every contender measured in the same process on the same data.
+median of ``--repeats`` timings, every contender measured in the same process on the same data. On a CPU
+the process first takes the malloc settings that ``lltm-train`` gives a CPU run (``host_memory.py``: freed
+blocks stay in the process), for every contender alike.
 
     lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell, every cell
     lltm-bench --device cuda --dtype bfloat16 --cells lstm,gru --json bench.json
@@ -41,6 +43,7 @@ import torch
 
 from .backends import resolve_backend
 from .functional import rnn_cell, rnn_layer
+from .host_memory import keep_freed_memory
 from .ops.cells import CELLS, LLTM, CellSpec
 
 CONFIGS = {  # name: (T, B, input_size, hidden_size)
@@ -315,7 +318,10 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda":  # TF32 for every contender alike
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    machine = _machine(device, args)
+    # On a CPU, every contender with the malloc settings lltm-train gives a CPU run (lltm_train.host_memory):
+    # nn.LSTM at cpu-M ran 1.12x-1.27x faster with them (2026-12-03), ours about 1.0x.
+    kept = keep_freed_memory() if device.type == "cpu" else False
+    machine = {**_machine(device, args), "keep_freed_memory": kept}
     print(f"lltm-bench: {machine}", flush=True)
     if args.sweep:
         from .bench_sweep import plot_sweep, run_sweep

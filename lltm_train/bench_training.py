@@ -2,7 +2,8 @@
 
 The model is the default job's (CharLM: embedding 64, 1 x 256, T = 128, B = 64, AdamW, clipping at 1.0).
 The bare loop is that model and optimiser in eager PyTorch over one fixed batch, with no framework: forward,
-loss, zero_grad, backward, clipping, fused AdamW. ``lltm-train`` runs ``train()``'s set-up on the composed
+loss, zero_grad, backward, clipping, fused AdamW; timed before and after each ``lltm-train`` run, its figure
+is the mean of the two. ``lltm-train`` runs ``train()``'s set-up on the composed
 default config (Lightning, the Shakespeare data, logging, checkpoints) for ``steps`` steps; its figure is
 the Throughput callback's average over the run after its first window (validation, and the first window's
 one-time set-up: CUDA graph capture, ``torch.compile``'s compilation, excluded).
@@ -75,8 +76,12 @@ def run_training(device: torch.device, steps: int) -> dict:
     """Every contender's bare loop and lltm-train figures (and, on a GPU, the variants); prints a line each."""
     result = {"steps": steps, "rows": []}
     for cell, backend in CONTENDERS[device.type]:
-        row = {"cell": cell, "backend": backend, "bare": bare_loop_tokens_per_s(cell, backend, device, steps),
-               "lltm_train": lltm_train_tokens_per_s(cell, backend, device, steps)}
+        # The bare loop is timed before and after lltm-train and averaged: on a shared 2-core machine the pace
+        # drifts by several percent within a minute, which one timing on one side would put into the ratio.
+        before = bare_loop_tokens_per_s(cell, backend, device, steps)
+        row = {"cell": cell, "backend": backend, "lltm_train": lltm_train_tokens_per_s(cell, backend, device, steps)}
+        row["bare_before_after"] = [before, bare_loop_tokens_per_s(cell, backend, device, steps)]
+        row["bare"] = sum(row["bare_before_after"]) / 2
         variants = VARIANTS[device.type] if backend != "torch" else {}  # the baseline: as a user runs it
         for name, overrides in variants.items():
             row[name] = lltm_train_tokens_per_s(cell, backend, device, steps, *overrides)

@@ -22,6 +22,7 @@ from .callbacks import Throughput
 from .checkpoints import check_fits, resolve_checkpoint, slurm_requeued
 from .config import ConfigError, check_config
 from .data import SequenceDataModule
+from .host_memory import keep_freed_memory
 from .strategies import DDPStrategy
 from .tasks import LLTMTask
 from .tasks.budget import unfinished_schedule
@@ -193,6 +194,8 @@ def _prepare(cfg: DictConfig):
         backend_used = resolve_backend(cfg.backend, trainer.strategy.root_device.type, cell)
     except ValueError as exc:
         raise ConfigError(f"backend={cfg.backend}: {exc} (set trainer.accelerator to match)") from None
+    if trainer.strategy.root_device.type == "cpu":  # each step's large tensors reuse resident pages
+        keep_freed_memory()
     return datamodule, task, trainer, backend_used, ckpt
 
 

@@ -4,6 +4,7 @@ BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import torch
@@ -110,6 +111,9 @@ def test_inference_figures_name_each_forward(tmp_path, capsys):
           "--json", str(out)])
     rows = json.loads(out.read_text())["results"]
     assert [(r["config"], r["cell"]) for r in rows] == [("cpu-S", "lltm"), ("cpu-S", "gru")]
+    # every contender ran with the malloc settings of a CPU training run (glibc only), and the file says so
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert json.loads(out.read_text())["machine"]["keep_freed_memory"] is glibc
     for r, baseline in zip(rows, ("nn.LSTM", "nn.GRU")):
         tps = r["tokens_per_s"]
         assert set(tps) == {"cpp training", "cpp no_grad", f"{baseline} no_grad"} and min(tps.values()) > 0
