@@ -25,9 +25,10 @@ def keep_freed_memory(limit: int = KEEP_BYTES) -> bool:
     """Serve blocks up to ``limit`` bytes (default 1 GiB) from the heap and keep up to ``limit`` bytes of
     free heap top instead of returning them to the system, so that tensors freed and allocated again every
     step reuse resident pages. Only glibc (Linux) has these settings; elsewhere, or with the environment
-    variable ``LLTM_KEEP_FREED_MEMORY=0``, nothing changes. The process's resident memory then stays at its
-    peak between steps instead of dropping. Returns whether both settings took effect."""
-    if os.environ.get("LLTM_KEEP_FREED_MEMORY", "1") == "0":
+    variable ``LLTM_KEEP_FREED_MEMORY=0`` (or ``false``, ``no``, ``off``), nothing changes. The process's
+    resident memory then stays at its peak between steps instead of dropping. Returns whether both settings
+    took effect."""
+    if os.environ.get("LLTM_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
