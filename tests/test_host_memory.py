@@ -10,13 +10,17 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the malloc settings are glibc's")
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+pytestmark = pytest.mark.skipif(not GLIBC, reason="the malloc settings are glibc's")
+GLIBC_VERSION = tuple(int(v) for v in platform.libc_ver()[1].split(".")[:2]) if GLIBC else (0, 0)
+# The settings the test means to control, and PyTorch's huge pages (a fault then maps 2 MiB, not 4 KiB)
+CLEARED = ("LLTM_KEEP_FREED_MEMORY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES",
+           "THP_MEM_ALLOC_ENABLE")
 
 # Minor page faults over ten allocations of a 64 MiB tensor, each freed before the next: above glibc's
-# largest dynamic mmap threshold (32 MiB), so by default each is fresh mmap pages (16,384 faults each).
-# Then the training set-up of a CPU run (_prepare), and the same count again. A fresh process each time:
-# the settings are the process's.
+# largest dynamic mmap threshold (32 MiB), so by default each is fresh mmap pages (16,384 faults of 4 KiB
+# each). Then the training set-up of a CPU run (_prepare), and the same count again. A fresh process each
+# time: the settings are the process's.
 PROBE = """
 import resource, sys, torch
 def faults():
@@ -38,19 +42,32 @@ print("FAULTS", before, faults())
 
 
 def faults_before_and_after_set_up(tmp_path, **env):
+    base = {k: v for k, v in os.environ.items() if k not in CLEARED}
     result = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, **env})
+                            timeout=300, env={**base, **env})
     assert result.returncode == 0, result.stderr[-2000:]
-    return [int(v) for v in result.stdout.split("FAULTS")[1].split()]
+    before, after = (int(v) for v in result.stdout.split("FAULTS")[1].split())
+    assert before >= 10 * 32  # the premise: fresh pages every time (at least one per 2 MiB, were they huge pages)
+    return before, after
 
 
+@pytest.mark.skipif(GLIBC_VERSION < (2, 35),
+                    reason="glibc before 2.35 keeps blocks up to 32 MiB only, not this 64 MiB one")
 def test_a_cpu_run_reuses_the_pages_of_freed_tensors(tmp_path):
     before, after = faults_before_and_after_set_up(tmp_path)
-    assert before >= 10 * 16384 * 0.9  # fresh pages every time, as the premise says
-    assert after <= 16384 + 64  # at most one tensor's pages over ten allocations (a tenth of before)
+    assert after * 5 <= before  # seen: 163,850 before, 0 or 16,384 (one tensor's pages) after
 
 
-@pytest.mark.parametrize("off", ["0", "false", "off"])
-def test_the_setting_can_be_turned_off(tmp_path, off):
-    before, after = faults_before_and_after_set_up(tmp_path, LLTM_KEEP_FREED_MEMORY=off)
-    assert before >= 10 * 16384 * 0.9 and after >= 10 * 16384 * 0.9
+@pytest.mark.parametrize("env", [{"LLTM_KEEP_FREED_MEMORY": "0"}, {"LLTM_KEEP_FREED_MEMORY": " Off "},
+                                 {"MALLOC_TRIM_THRESHOLD_": "131072"}], ids=["0", "off", "user's malloc setting"])
+def test_the_setting_can_be_turned_off_and_leaves_a_users_own_alone(tmp_path, env):
+    before, after = faults_before_and_after_set_up(tmp_path, **env)
+    assert after * 2 > before
+
+
+def test_it_takes_effect_on_glibc():
+    """In a fresh process: True on any glibc (on one before 2.35 with a 32 MiB mmap threshold)."""
+    code = "from lltm_train.host_memory import keep_freed_memory; print(keep_freed_memory())"
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.stdout.strip() == "True", result.stderr[-2000:]
