@@ -20,13 +20,23 @@ _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_THRESHOLD = -3
 KEEP_BYTES = 1 << 30
 _OLD_GLIBC_MAX = 32 << 20  # the largest mmap threshold glibc < 2.35 accepts (64-bit)
-_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+# The environment variables that decide what keep_freed_memory() does: its own switch, then glibc's own
+# thresholds (read at start-up), which it leaves alone.
+ENVIRONMENT = ("LLTM_KEEP_FREED_MEMORY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the C library's glibc, or None where the C library is not glibc (or not Linux)."""
+    name, version = platform.libc_ver()
+    if platform.system() != "Linux" or name != "glibc":
+        return None
+    return tuple(int(v) for v in version.split(".")[:2])
 
 
 def _user_has_chosen() -> bool:
-    """Whether the environment already sets these thresholds (glibc reads them at start-up)."""
+    """Whether the environment already sets glibc's thresholds."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return any(os.environ.get(name) for name in _USER_SETTINGS) or \
+    return any(os.environ.get(name) for name in ENVIRONMENT[1:3]) or \
         "malloc.mmap_threshold" in tunables or "malloc.trim_threshold" in tunables
 
 
@@ -42,7 +52,7 @@ def keep_freed_memory(limit: int = KEEP_BYTES) -> bool:
     both settings took effect."""
     if os.environ.get("LLTM_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or _user_has_chosen():
+    if glibc_version() is None or _user_has_chosen():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

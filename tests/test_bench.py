@@ -4,13 +4,13 @@ BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
-import platform
 
 import pytest
 import torch
 
 from lltm_train.bench import main
 from lltm_train.bench_sweep import growth_exponent, saved_for_backward_mib
+from lltm_train.host_memory import ENVIRONMENT, glibc_version
 
 
 @pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
@@ -106,16 +106,15 @@ def test_best_dtype_goes_with_layers_only(argv, capsys):
 
 
 def test_inference_figures_name_each_forward(tmp_path, capsys, monkeypatch):
-    for name in ("LLTM_KEEP_FREED_MEMORY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
-        monkeypatch.delenv(name, raising=False)  # the settings that would leave malloc alone (host_memory.py)
+    for name in ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)  # the settings that would leave malloc alone
     out = tmp_path / "inference.json"
     main(["--device", "cpu", "--inference", "--configs", "cpu-S", "--cells", "lltm,gru", "--repeats", "1",
           "--json", str(out)])
     rows = json.loads(out.read_text())["results"]
     assert [(r["config"], r["cell"]) for r in rows] == [("cpu-S", "lltm"), ("cpu-S", "gru")]
     # every contender ran with the malloc settings of a CPU training run (glibc only), and the file says so
-    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-    assert json.loads(out.read_text())["machine"]["keep_freed_memory"] is glibc
+    assert json.loads(out.read_text())["machine"]["keep_freed_memory"] is (glibc_version() is not None)
     for r, baseline in zip(rows, ("nn.LSTM", "nn.GRU")):
         tps = r["tokens_per_s"]
         assert set(tps) == {"cpp training", "cpp no_grad", f"{baseline} no_grad"} and min(tps.values()) > 0

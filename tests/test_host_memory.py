@@ -4,18 +4,16 @@ again every step reuses resident pages instead of faulting fresh ones in."""
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-pytestmark = pytest.mark.skipif(not GLIBC, reason="the malloc settings are glibc's")
-GLIBC_VERSION = tuple(int(v) for v in platform.libc_ver()[1].split(".")[:2]) if GLIBC else (0, 0)
+from lltm_train.host_memory import ENVIRONMENT, glibc_version
+
+pytestmark = pytest.mark.skipif(glibc_version() is None, reason="the malloc settings are glibc's")
 # The settings the test means to control, and PyTorch's huge pages (a fault then maps 2 MiB, not 4 KiB)
-CLEARED = ("LLTM_KEEP_FREED_MEMORY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES",
-           "THP_MEM_ALLOC_ENABLE")
+CLEARED = (*ENVIRONMENT, "THP_MEM_ALLOC_ENABLE")
 
 # Minor page faults over ten allocations of a 64 MiB tensor, each freed before the next: above glibc's
 # largest dynamic mmap threshold (32 MiB), so by default each is fresh mmap pages (16,384 faults of 4 KiB
@@ -51,7 +49,7 @@ def faults_before_and_after_set_up(tmp_path, **env):
     return before, after
 
 
-@pytest.mark.skipif(GLIBC_VERSION < (2, 35),
+@pytest.mark.skipif((glibc_version() or (0, 0)) < (2, 35),
                     reason="glibc before 2.35 keeps blocks up to 32 MiB only, not this 64 MiB one")
 def test_a_cpu_run_reuses_the_pages_of_freed_tensors(tmp_path):
     before, after = faults_before_and_after_set_up(tmp_path)
