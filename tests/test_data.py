@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -35,6 +36,21 @@ def test_text_file_relative_to_the_working_directory(tmp_path, monkeypatch):
     x, _, y = first_batch(dm)
     assert dm.vocab == list("abcdefghij") + ["é"] and x.shape == (2, 16)
     assert dm.decode(dm.encode("jé")) == "jé"
+
+
+def test_text_token_ids_index_the_sorted_characters(tmp_path):
+    """Each character's id is its rank among the text's distinct characters in code-point order (astral ones
+    too), over every split."""
+    rng = random.Random(0)
+    alphabet = ["\n", " ", "A", "z", "\xe9", "\u4e2d", "\U0001f600"]
+    text = "".join(rng.choice(alphabet) for _ in range(4000))
+    (tmp_path / "mixed.txt").write_text(text, encoding="utf-8")
+    dm = TextDataModule(path=str(tmp_path / "mixed.txt"), seq_len=8, batch_size=2)
+    dm.setup("fit")
+    assert dm.vocab == sorted(set(text))
+    ranks = {c: k for k, c in enumerate(sorted(set(text)))}
+    ids = torch.cat([dm.train_set.tokens, dm.test_set.tokens, dm.val_set.tokens])
+    assert ids.tolist() == [ranks[c] for c in text]
 
 
 def test_text_errors_are_clear(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lltm_train.models import CELLS, CharLM, SequenceClassifier, SequenceRegressor, recurrent_layer
+from lltm_train.models import CELLS, CharLM, SequenceClassifier, SequenceRegressor, char_lm, recurrent_layer
 from lltm_train import nn as fused
 
 # cell, backend pairs: each cell with its reference and its fused CPU kernels, and the torch.nn baselines
@@ -56,6 +56,37 @@ def test_char_lm_shapes_and_dtypes(cell, backend):
     # num_classes sets the head's width independently of the vocabulary
     model = CharLM(vocab_size=10, hidden_size=8, embedding_dim=5, num_classes=9, cell=cell, backend=backend)
     assert model(torch.randint(0, 10, (4, 2)))[0].shape == (4, 2, 9)
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine: scripts/test.sh -m cuda)")]),
+])
+@pytest.mark.parametrize("vocab", [84, char_lm.ONE_HOT_MAX_VOCAB, char_lm.ONE_HOT_MAX_VOCAB + 1])
+def test_char_lm_embeds_as_nn_embedding_does(device, vocab):
+    """On a GPU a vocabulary of up to ONE_HOT_MAX_VOCAB ids embeds as a one-hot product: nn.Embedding's rows
+    (exactly, in float64 and under bfloat16 autocast) and its weight gradient; larger ones, and the CPU, use
+    nn.Embedding itself."""
+    torch.manual_seed(0)
+    model = CharLM(vocab, hidden_size=4, embedding_dim=6, backend="python").to(device, torch.float64)
+    tokens = torch.randint(0, vocab, (37, 5), device=device)
+    tokens[0, :2] = torch.tensor([0, vocab - 1])
+    upstream = torch.randn(37, 5, 6, device=device, dtype=torch.float64)
+    got = model.embed(tokens)
+    one_hot = device == "cuda" and vocab <= char_lm.ONE_HOT_MAX_VOCAB
+    assert (type(got.grad_fn).__name__ == "EmbeddingBackward0") is not one_hot
+    want = model.embedding(tokens)
+    assert torch.equal(got, want)
+    (got_grad,) = torch.autograd.grad(got, model.embedding.weight, upstream)
+    (want_grad,) = torch.autograd.grad(want, model.embedding.weight, upstream)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-12, atol=1e-12)
+    if device == "cuda":
+        model.float()
+        with torch.autocast("cuda", torch.bfloat16):
+            got = model.embed(tokens)
+        assert got.dtype == (torch.bfloat16 if one_hot else torch.float32)
+        assert torch.equal(got.to(torch.bfloat16), model.embedding(tokens).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)

@@ -8,6 +8,10 @@ from torch import Tensor, nn
 from .. import validation as v
 from .recurrent import recurrent_layer
 
+# Vocabularies up to this size embed on a GPU as a one-hot matrix product (CharLM.embed): forward and
+# backward of T x B = 8192 ids took 19-48 us against nn.Embedding's 96-102 us for 84-1,024 ids (H200, 2026-12-03).
+ONE_HOT_MAX_VOCAB = 1024
+
 
 class CharLM(nn.Module):
     """Embedding -> recurrent layers (LLTM, LSTM or GRU) -> dropout -> linear head, time-major.
@@ -21,7 +25,8 @@ class CharLM(nn.Module):
             (:mod:`lltm_train.models.recurrent`).
         bidirectional: must be False: a next-token model cannot read the future.
 
-    forward(tokens (T, B) int64, state=None) -> (logits (T, B, num_classes), state).
+    forward(tokens (T, B) int64, state=None) -> (logits (T, B, num_classes), state). The embedding is
+    ``embed`` (a one-hot product on a GPU for small vocabularies).
 
     Raises:
         ValueError: bad sizes, dropout or cell, or bidirectional=True.
@@ -42,8 +47,22 @@ class CharLM(nn.Module):
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 
     def forward(self, tokens: Tensor, state=None):
-        output, state = self.rnn(self.embedding(tokens), state)
+        output, state = self.rnn(self.embed(tokens), state)
         return self.head(self.dropout(output)), state
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """``self.embedding(tokens)``: (T, B) int64 -> (T, B, embedding_dim). On a GPU, for a vocabulary of at
+        most ONE_HOT_MAX_VOCAB ids, as ``one_hot(tokens) @ weight``, whose backward is one small matrix product
+        where nn.Embedding's sorts the ids (CUB radix sort and segment kernels: 70-85 us of a 0.75 ms training
+        step of the default job on an H200, BENCHMARKS.md). Under TF32 (the default
+        ``float32_matmul_precision=high``) the product rounds the rows and the gradient's terms to TF32, as the
+        recurrent layer's input projection rounds its input anyway. Ids out of range fail as nn.Embedding's do
+        on a GPU (a device-side assertion)."""
+        weight = self.embedding.weight
+        if not tokens.is_cuda or weight.shape[0] > ONE_HOT_MAX_VOCAB:
+            return self.embedding(tokens)
+        one_hot = torch.zeros(*tokens.shape, weight.shape[0], dtype=weight.dtype, device=tokens.device)
+        return one_hot.scatter_(-1, tokens.unsqueeze(-1), 1.0) @ weight
 
     @torch.no_grad()
     def generate(self, prompt: list[int], steps: int, temperature: float = 0.8, generator: torch.Generator | None = None) -> list[int]:
