@@ -64,10 +64,10 @@ def test_char_lm_shapes_and_dtypes(cell, backend):
         not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine: scripts/test.sh -m cuda)")]),
 ])
 @pytest.mark.parametrize("vocab", [84, char_lm.ONE_HOT_MAX_VOCAB, char_lm.ONE_HOT_MAX_VOCAB + 1])
-def test_char_lm_embeds_as_nn_embedding_does(device, vocab):
+def test_char_lm_embeds_as_nn_embedding_does(device, vocab, monkeypatch):
     """On a GPU a vocabulary of up to ONE_HOT_MAX_VOCAB ids embeds as a one-hot product: nn.Embedding's rows
-    (exactly, in float64 and under bfloat16 autocast) and its weight gradient; larger ones, and the CPU, use
-    nn.Embedding itself."""
+    (exactly, in float64 and under bfloat16 autocast) and its weight gradient; larger ones, batches whose
+    one-hot matrix would exceed ONE_HOT_MAX_ELEMENTS, and the CPU use nn.Embedding itself."""
     torch.manual_seed(0)
     model = CharLM(vocab, hidden_size=4, embedding_dim=6, backend="python").to(device, torch.float64)
     tokens = torch.randint(0, vocab, (37, 5), device=device)
@@ -87,6 +87,9 @@ def test_char_lm_embeds_as_nn_embedding_does(device, vocab):
             got = model.embed(tokens)
         assert got.dtype == (torch.bfloat16 if one_hot else torch.float32)
         assert torch.equal(got.to(torch.bfloat16), model.embedding(tokens).to(torch.bfloat16))
+        # a batch whose one-hot matrix would exceed ONE_HOT_MAX_ELEMENTS keeps nn.Embedding (its memory)
+        monkeypatch.setattr(char_lm, "ONE_HOT_MAX_ELEMENTS", tokens.numel() * vocab - 1)
+        assert type(model.embed(tokens).grad_fn).__name__ == "EmbeddingBackward0"
 
 
 @pytest.mark.parametrize("cell, backend", CELL_BACKENDS, ids=CELL_IDS)

@@ -11,6 +11,9 @@ from .recurrent import recurrent_layer
 # Vocabularies up to this size embed on a GPU as a one-hot matrix product (CharLM.embed): forward and
 # backward of T x B = 8192 ids took 19-48 us against nn.Embedding's 96-102 us for 84-1,024 ids (H200, 2026-12-03).
 ONE_HOT_MAX_VOCAB = 1024
+# ... while the one-hot matrix (T x B x vocabulary, kept for the backward) has at most this many elements
+# (64 MiB in float32; the default job's is 0.69 M): beyond, nn.Embedding's few bytes an id are kept instead.
+ONE_HOT_MAX_ELEMENTS = 1 << 24
 
 
 class CharLM(nn.Module):
@@ -52,16 +55,18 @@ class CharLM(nn.Module):
 
     def embed(self, tokens: Tensor) -> Tensor:
         """``self.embedding(tokens)``: (T, B) int64 -> (T, B, embedding_dim). On a GPU, for a vocabulary of at
-        most ONE_HOT_MAX_VOCAB ids, as ``one_hot(tokens) @ weight``, whose backward is one small matrix product
-        where nn.Embedding's sorts the ids (CUB radix sort and segment kernels: 70-85 us of a 0.75 ms training
-        step of the default job on an H200, BENCHMARKS.md). Under TF32 (the default
+        most ONE_HOT_MAX_VOCAB ids (and a one-hot matrix of at most ONE_HOT_MAX_ELEMENTS), as
+        ``one_hot(tokens) @ weight``, whose backward is one small matrix product where nn.Embedding's sorts
+        the ids (CUB radix sort and segment kernels: 70-85 us of a 0.75 ms training step of the default job
+        on an H200, BENCHMARKS.md). Under TF32 (the default
         ``float32_matmul_precision=high``) the product rounds the rows and the gradient's terms to TF32, as the
         recurrent layer's input projection rounds its input anyway. Ids out of range fail as nn.Embedding's do
         on a GPU (a device-side assertion)."""
         weight = self.embedding.weight
-        if not tokens.is_cuda or weight.shape[0] > ONE_HOT_MAX_VOCAB:
+        vocab = weight.shape[0]
+        if not tokens.is_cuda or vocab > ONE_HOT_MAX_VOCAB or tokens.numel() * vocab > ONE_HOT_MAX_ELEMENTS:
             return self.embedding(tokens)
-        one_hot = torch.zeros(*tokens.shape, weight.shape[0], dtype=weight.dtype, device=tokens.device)
+        one_hot = torch.zeros(*tokens.shape, vocab, dtype=weight.dtype, device=tokens.device)
         return one_hot.scatter_(-1, tokens.unsqueeze(-1), 1.0) @ weight
 
     @torch.no_grad()
