@@ -65,6 +65,7 @@ class CharLM(nn.Module):
         vocab = weight.shape[0]
         if not tokens.is_cuda or vocab > ONE_HOT_MAX_VOCAB or tokens.numel() * vocab > ONE_HOT_MAX_ELEMENTS:
             return self.embedding(tokens)
+        # built in the weight's dtype: F.one_hot would first make an int64 matrix twice this size
         one_hot = torch.zeros(*tokens.shape, vocab, dtype=weight.dtype, device=tokens.device)
         return one_hot.scatter_(-1, tokens.unsqueeze(-1), 1.0) @ weight
 
