@@ -23,7 +23,7 @@ blocks stay in the process), for every contender alike.
     lltm-bench --device cpu                      # cpu-S, cpu-M and the seed cell, every cell
     lltm-bench --device cuda --dtype bfloat16 --cells lstm,gru --json bench.json
     lltm-bench --device cuda --dtype best --configs gpu-S,gpu-M,gpu-L,gpu-XL   # each in its fastest dtype
-    lltm-bench --training --device cuda --steps 300
+    lltm-bench --training --device cuda --steps 300 --repeats 3   # medians of 3 alternated lltm-train runs
     lltm-bench --inference --device cuda --dtype bfloat16   # forward only: training's, no_grad's, cuDNN's
     lltm-bench --sweep T --plot plots/           # tokens/s and memory against T (or B, H): bench_sweep.py
 """
@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "best"], default="float32",
                         help="best: every layer in each dtype, credited with its fastest (bench_best.py)")
     parser.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to time (default: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported")
+    parser.add_argument("--repeats", type=int, help="timings per figure, the median reported (default 5); with "
+                        "--training, alternated lltm-train runs per figure (default 1)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--training", action="store_true", help="the training figures instead of the layer ones")
     parser.add_argument("--steps", type=int, help="training steps per run with --training (at least 50; default 300)")
@@ -305,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     # --training's figure is the pace after the first logging window (25 steps, the set-up's): two windows at least
     if args.steps is not None and not args.training:
         parser.error("--steps goes with --training (the layer figures time a fixed number of calls: --repeats)")
+    if args.repeats is None:
+        args.repeats = 1 if args.training else 5
     if args.repeats < 1 or (args.steps or 300) < 50 or (args.threads is not None and args.threads < 1):
         parser.error("--repeats and --threads must be at least 1, --steps at least 50 (the training figure is the "
                      "pace after the first 25-step logging window)")
@@ -336,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.training:
         from .bench_training import run_training
 
-        results = run_training(device, args.steps or 300)
+        results = run_training(device, args.steps or 300, args.repeats)
     elif args.inference:
         from .bench_inference import run_inference
 

@@ -11,10 +11,16 @@ one-time set-up: CUDA graph capture, ``torch.compile``'s compilation, excluded).
 On a GPU the contenders are every cell on the ``cuda`` backend and ``torch.nn``'s LSTM and GRU (cuDNN); each
 fused one is also trained with the step eager (``model.cuda_graph=false``), in ``bf16-mixed`` and with
 ``model.compile=true``, so that the ratios the targets name come from one run.
+
+With ``--repeats N`` each ``lltm-train`` figure is the median of N runs, alternated between the variants
+(plain, eager step, bf16-mixed, compile, plain, ...): on the H200 the host's share of a step is as long as
+the GPU's, so one run's pace swings by up to 1.3x (0.84 against 1.08 ms a step in one process, 2026-12-03),
+and alternating puts a drift of the host's pace into every variant alike.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 
 import torch
@@ -72,23 +78,29 @@ def lltm_train_tokens_per_s(cell: str, backend: str, device: torch.device, steps
         return throughput.steady_tokens_per_s or float("nan")
 
 
-def run_training(device: torch.device, steps: int) -> dict:
-    """Every contender's bare loop and lltm-train figures (and, on a GPU, the variants); prints a line each."""
-    result = {"steps": steps, "rows": []}
+def run_training(device: torch.device, steps: int, repeats: int = 1) -> dict:
+    """Every contender's bare loop and lltm-train figures (and, on a GPU, the variants), each lltm-train
+    figure the median of ``repeats`` alternated runs (all of them kept under ``runs``); prints a line each."""
+    result = {"steps": steps, "repeats": repeats, "rows": []}
     for cell, backend in CONTENDERS[device.type]:
         # The bare loop is timed before and after lltm-train and averaged: on a shared 2-core machine the pace
         # drifts by several percent within a minute, which one timing on one side would put into the ratio.
         before = bare_loop_tokens_per_s(cell, backend, device, steps)
-        row = {"cell": cell, "backend": backend, "lltm_train": lltm_train_tokens_per_s(cell, backend, device, steps)}
+        variants = VARIANTS[device.type] if backend != "torch" else {}  # the baseline: as a user runs it
+        runs = {name: [] for name in ("lltm_train", *variants)}
+        for _ in range(repeats):
+            for name, overrides in (("lltm_train", []), *variants.items()):
+                runs[name].append(lltm_train_tokens_per_s(cell, backend, device, steps, *overrides))
+        row = {"cell": cell, "backend": backend, **{name: statistics.median(v) for name, v in runs.items()}}
+        row["runs"] = runs
         row["bare_before_after"] = [before, bare_loop_tokens_per_s(cell, backend, device, steps)]
         row["bare"] = sum(row["bare_before_after"]) / 2
-        variants = VARIANTS[device.type] if backend != "torch" else {}  # the baseline: as a user runs it
-        for name, overrides in variants.items():
-            row[name] = lltm_train_tokens_per_s(cell, backend, device, steps, *overrides)
         row["lltm_train_vs_bare"] = row["lltm_train"] / row["bare"]
         extra = "".join(f", {name} {row[name]:,.0f} ({row[name] / row['lltm_train']:.2f}x)"
                         for name in variants)
+        median = f" (medians of {repeats} alternated runs)" if repeats > 1 else ""
         print(f"training, cell={cell} backend={backend}: bare loop {row['bare']:,.0f} tokens/s, lltm-train "
-              f"{row['lltm_train']:,.0f} tokens/s ({row['lltm_train_vs_bare']:.2f}x of the bare loop){extra}", flush=True)
+              f"{row['lltm_train']:,.0f} tokens/s ({row['lltm_train_vs_bare']:.2f}x of the bare loop){extra}{median}",
+              flush=True)
         result["rows"].append(row)
     return result

@@ -129,3 +129,29 @@ def test_inference_goes_with_layers_in_one_dtype(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--device", "cpu", *argv])
     assert exit_.value.code == 2 and "--inference times" in capsys.readouterr().err
+
+
+def test_training_figures_are_medians_of_alternated_runs(monkeypatch, capsys):
+    from lltm_train import bench_training
+
+    calls, paces = [], iter([5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 7.0, 6.0, 8.0, 1.0, 2.0, 3.0] * 3)
+
+    def run(cell, backend, device, steps, *overrides):
+        calls.append((cell, overrides))
+        return next(paces)
+
+    monkeypatch.setattr(bench_training, "CONTENDERS", {"cuda": [("lltm", "cuda"), ("lstm", "torch")]})
+    monkeypatch.setattr(bench_training, "lltm_train_tokens_per_s", run)
+    monkeypatch.setattr(bench_training, "bare_loop_tokens_per_s", lambda *a: 10.0)
+    rows = bench_training.run_training(torch.device("cuda"), steps=50, repeats=3)["rows"]
+    # plain, eager step, bf16-mixed, compile, then again: each round has every variant
+    lltm = [overrides for cell, overrides in calls if cell == "lltm"]
+    assert lltm == [(), ("model.cuda_graph=false",), ("trainer.precision=bf16-mixed",), ("model.compile=true",)] * 3
+    assert rows[0]["runs"] == {"lltm_train": [5.0, 3.0, 8.0], "eager step": [1.0, 4.0, 1.0],
+                               "bf16-mixed": [9.0, 7.0, 2.0], "compile": [2.0, 6.0, 3.0]}
+    assert (rows[0]["lltm_train"], rows[0]["eager step"], rows[0]["bf16-mixed"], rows[0]["compile"]) == (5.0, 1.0, 7.0, 3.0)
+    assert rows[0]["lltm_train_vs_bare"] == 0.5
+    # the cuDNN baseline runs as a user runs it: no variants, three plain runs
+    assert [overrides for cell, overrides in calls if cell == "lstm"] == [()] * 3
+    assert rows[1]["lltm_train"] == 5.0 and rows[1]["runs"] == {"lltm_train": [5.0, 1.0, 9.0]}
+    assert "bf16-mixed 7 (1.40x), compile 3 (0.60x) (medians of 3 alternated runs)" in capsys.readouterr().out
