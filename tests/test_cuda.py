@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -68,8 +69,8 @@ def tf32(request):
 def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, dtype, tf32):
     """T = 512: the error against float64 is within 1.5x the python backend's in the same dtype (TF32,
     bfloat16, float16) where python keeps two digits or more, and in float32 without TF32 within 8x it: within
-    float32's class (TF32 or a 16-bit intermediate would give 100x or more). Where python keeps one digit or
-    none, within the band two correct implementations were measured to span (below)."""
+    float32's class (TF32 or a 16-bit intermediate would give 100x or more). Where python keeps one digit,
+    within 4x it; where it keeps none, the medians of 8 draws within 1.5x (below)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -88,19 +89,33 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     # Sums in another order (a bias gradient's column sum: a cuBLAS GEMV above 4,096 rows) spread it further.
     factor = 8 if dtype == torch.float32 and not tf32 else 1.5
     floor = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype] * (300 if tf32 else 1)
+    no_digit = []
     for name, a, b in zip(NAMES[cell.name], ours, python):
-        # Where the python backend itself keeps about one digit or none (the LLTM's 16-bit gradients over 512
-        # steps: python's error 0.13-1.34), the errors of two correct implementations are random draws of the
-        # rounding's amplification. cpp's / python's, bfloat16, 3 cells x H 64, 128, 200 x 6 seeds on the CPU:
-        # 0.05x-3.1x where python's error is 0.02-0.1 (74 tensors), 0.4x-13x above 0.1 (121 tensors, all LLTM;
-        # the H200 gave cuda 0.72 against python 0.41, LLTM_TEST_SEED=2159164588). There only the band is
-        # compared; the float64 tests check that the math is right.
         if b > 0.1:
-            assert math.isfinite(a) and a <= 3 * max(b, 1.0), f"{name}: cuda {a:.2e}, python {b:.2e} (no digit left)"
+            no_digit.append(name)
         elif b > 0.02:
             assert a <= 4 * b, f"{name}: cuda {a:.2e}, python {b:.2e} (about one digit left)"
         else:
             assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
+    if no_digit:
+        # Where the python backend keeps one digit or none (the LLTM's 16-bit gradients over 512 steps, which
+        # these inputs grow 65x-600x on the way back: python's error 0.12-1.7), one draw's error is the
+        # amplification of its roundings, not the kernel's accuracy. H200, bfloat16, H = 64, 25 draws: cuda
+        # 0.027-29 (median 0.14), python 0.16-1.7 (median 0.55); cuda's worst draw (LLTM_TEST_SEED=3536112271,
+        # cuda 29 against python 0.21) had python's error there. So 8 draws are compared by their medians.
+        draws = [(ours, python)]
+        for _ in range(7):
+            q = params(T, B, I, H, dtype, scale=0.5, cell=cell)
+            u = upstream_for(cell, T, B, H, dtype)
+            u = [x / 64 for x in u] if dtype == torch.float16 else u
+            want = forward_backward([t.double() for t in q], "python", [x.double() for x in u], cell=cell)
+            draws.append((relative_errors(forward_backward(q, "cuda", u, cell=cell), want),
+                          relative_errors(forward_backward(q, "python", u, cell=cell), want)))
+        for name in no_digit:
+            i = NAMES[cell.name].index(name)
+            a, b = (statistics.median(d[k][i] for d in draws) for k in (0, 1))
+            assert all(math.isfinite(d[0][i]) for d in draws) and a <= 1.5 * b, \
+                f"{name}: median of 8 draws cuda {a:.2e}, python {b:.2e} (no digit left)"
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
