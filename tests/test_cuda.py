@@ -70,7 +70,7 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     """T = 512: the error against float64 is within 1.5x the python backend's in the same dtype (TF32,
     bfloat16, float16) where python keeps two digits or more, and in float32 without TF32 within 8x it: within
     float32's class (TF32 or a 16-bit intermediate would give 100x or more). Where python keeps one digit,
-    within 4x it; where it keeps none, the medians of 8 draws within 1.5x (below)."""
+    within 4x it; where it keeps none, the medians of 8 draws within 3x (below)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
     p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -99,10 +99,12 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
             assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
     if no_digit:
         # Where the python backend keeps one digit or none (the LLTM's 16-bit gradients over 512 steps, which
-        # these inputs grow 65x-600x on the way back: python's error 0.12-1.7), one draw's error is the
+        # these inputs grow 65x-600x on the way back: python's error 0.12-5.5), one draw's error is the
         # amplification of its roundings, not the kernel's accuracy. H200, bfloat16, H = 64, 25 draws: cuda
         # 0.027-29 (median 0.14), python 0.16-1.7 (median 0.55); cuda's worst draw (LLTM_TEST_SEED=3536112271,
-        # cuda 29 against python 0.21) had python's error there. So 8 draws are compared by their medians.
+        # cuda 29 against python 0.21) had python's error there. So 8 draws are compared by their medians, within
+        # the band two correct implementations span: cpp's median / python's, 12 sets of 8 draws (bfloat16, H 64
+        # and 128, on the CPU), 0.52x-1.55x, and 1.9x in one more.
         draws = [(ours, python)]
         for _ in range(7):
             q = params(T, B, I, H, dtype, scale=0.5, cell=cell)
@@ -114,7 +116,7 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
         for name in no_digit:
             i = NAMES[cell.name].index(name)
             a, b = (statistics.median(d[k][i] for d in draws) for k in (0, 1))
-            assert all(math.isfinite(d[0][i]) for d in draws) and a <= 1.5 * b, \
+            assert all(math.isfinite(d[0][i]) for d in draws) and a <= 3 * b, \
                 f"{name}: median of 8 draws cuda {a:.2e}, python {b:.2e} (no digit left)"
 
 
