@@ -2,7 +2,7 @@
 
 The model is the default job's (CharLM: embedding 64, 1 x 256, T = 128, B = 64, AdamW, clipping at 1.0).
 The bare loop is that model and optimiser in eager PyTorch over one fixed batch, with no framework: forward,
-loss, zero_grad, backward, clipping, fused AdamW; timed before and after each ``lltm-train`` run, its figure
+loss, zero_grad, backward, clipping, fused AdamW; timed before and after the ``lltm-train`` runs, its figure
 is the mean of the two. ``lltm-train`` runs ``train()``'s set-up on the composed
 default config (Lightning, the Shakespeare data, logging, checkpoints) for ``steps`` steps; its figure is
 the Throughput callback's average over the run after its first window (validation, and the first window's
