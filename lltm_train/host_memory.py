@@ -22,7 +22,8 @@ KEEP_BYTES = 1 << 30
 _OLD_GLIBC_MAX = 32 << 20  # the largest mmap threshold glibc < 2.35 accepts (64-bit)
 # The environment variables that decide what keep_freed_memory() does: its own switch, then glibc's own
 # thresholds (read at start-up), which it leaves alone.
-ENVIRONMENT = ("LLTM_KEEP_FREED_MEMORY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+_THRESHOLDS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+ENVIRONMENT = ("LLTM_KEEP_FREED_MEMORY", *_THRESHOLDS, "GLIBC_TUNABLES")
 
 
 def glibc_version() -> tuple[int, int] | None:
@@ -36,7 +37,7 @@ def glibc_version() -> tuple[int, int] | None:
 def _user_has_chosen() -> bool:
     """Whether the environment already sets glibc's thresholds."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return any(os.environ.get(name) for name in ENVIRONMENT[1:3]) or \
+    return any(os.environ.get(name) for name in _THRESHOLDS) or \
         "malloc.mmap_threshold" in tunables or "malloc.trim_threshold" in tunables
 
 

@@ -73,16 +73,21 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
     within 4x it; where it keeps none, the medians of 8 draws within 3x (below)."""
     cell = CELLS[cell]
     T, B, I = 512, 10, 24
-    p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
-    upstream = upstream_for(cell, T, B, H, dtype)
-    if dtype == torch.float16:
-        # float16 ends at 65,504, and these weight and bias gradients (sums over T * B = 5,120 rows) reach
-        # 10,000-94,000 in float64 (12 seeds on the CPU): the H200 once gave cuda inf where python's fp16
-        # happened to stay finite (LLTM_TEST_SEED=2548290877, fp16-64-lltm). Scaled by 1/64 (exact), they fit.
-        upstream = [u / 64 for u in upstream]
-    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
-    ours = relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)
-    python = relative_errors(forward_backward(p, "python", upstream, cell=cell), exact)
+
+    def draw():
+        """Fresh random inputs: the relative errors of cuda's outputs and gradients and of python's."""
+        p = params(T, B, I, H, dtype, scale=0.5, cell=cell)
+        upstream = upstream_for(cell, T, B, H, dtype)
+        if dtype == torch.float16:
+            # float16 ends at 65,504, and these weight and bias gradients (sums over T * B = 5,120 rows) reach
+            # 10,000-94,000 in float64 (12 seeds on the CPU): the H200 once gave cuda inf where python's fp16
+            # happened to stay finite (LLTM_TEST_SEED=2548290877, fp16-64-lltm). Scaled by 1/64 (exact), they fit.
+            upstream = [u / 64 for u in upstream]
+        exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
+        return tuple(relative_errors(forward_backward(p, backend, upstream, cell=cell), exact)
+                     for backend in ("cuda", "python"))
+
+    ours, python = draw()
     # float32 without TF32 runs the stepped path's cuBLAS float32 products. Its error and python's are two random
     # draws of one size: cuda's / python's was 0.44x-2.75x (geometric mean 1.14x) over 16 draws on the H200 (LLTM,
     # H 128 and 256, T 512 and 2,048; all of a draw's gradients share the ratio, as they share the recurrence).
@@ -105,14 +110,7 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
         # cuda 29 against python 0.21) had python's error there. So 8 draws are compared by their medians, within
         # the band two correct implementations span: cpp's median / python's, 12 sets of 8 draws (bfloat16, H 64
         # and 128, on the CPU), 0.52x-1.55x, and 1.9x in one more.
-        draws = [(ours, python)]
-        for _ in range(7):
-            q = params(T, B, I, H, dtype, scale=0.5, cell=cell)
-            u = upstream_for(cell, T, B, H, dtype)
-            u = [x / 64 for x in u] if dtype == torch.float16 else u
-            want = forward_backward([t.double() for t in q], "python", [x.double() for x in u], cell=cell)
-            draws.append((relative_errors(forward_backward(q, "cuda", u, cell=cell), want),
-                          relative_errors(forward_backward(q, "python", u, cell=cell), want)))
+        draws = [(ours, python)] + [draw() for _ in range(7)]
         for name in no_digit:
             i = NAMES[cell.name].index(name)
             a, b = (statistics.median(d[k][i] for d in draws) for k in (0, 1))

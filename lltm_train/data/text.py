@@ -160,7 +160,8 @@ class TextDataModule(SequenceDataModule):
             )
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
         # the sorted distinct code points and each character's index among them, as np.unique(codes,
-        # return_inverse=True) gives, from a count per code point: 0.03 s for Shakespeare instead of 0.8 s of sorting
+        # return_inverse=True) gives, from a count per code point: 0.02 s for Shakespeare's 5.1 M characters
+        # instead of np.unique's 0.3-0.4 s of sorting (2-core Xeon, 2026-12-03)
         counts = np.bincount(codes)
         present = np.flatnonzero(counts)
         index = np.zeros(len(counts), dtype=np.int32)
