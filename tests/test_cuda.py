@@ -103,7 +103,7 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
         else:
             assert a <= max(factor * b, floor), f"{name}: cuda {a:.2e}, python {b:.2e}"
     if no_digit:
-        # Where the python backend keeps one digit or none (the LLTM's 16-bit gradients over 512 steps, which
+        # Where the python backend keeps no digit (the LLTM's 16-bit gradients over 512 steps, which
         # these inputs grow 65x-600x on the way back: python's error 0.12-5.5), one draw's error is the
         # amplification of its roundings, not the kernel's accuracy. H200, bfloat16, H = 64, 25 draws: cuda
         # 0.027-29 (median 0.14), python 0.16-1.7 (median 0.55); cuda's worst draw (LLTM_TEST_SEED=3536112271,
