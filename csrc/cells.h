@@ -3,6 +3,9 @@
 // the persistent kernels are templates over these descriptions; so are the checks and GEMMs (lltm.cpp).
 //
 // A cell `Cell` has:
+//   kName            its name (Python's CellSpec.name, model.cell); kOpPrefix: its ops are
+//                    lltm::<kOpPrefix>layer_forward and lltm::<kOpPrefix>layer_backward (lltm.h).
+//   kBiases          1: one bias of G H (the LLTM's `bias`); 2: bias_ih and bias_hh (torch.nn's).
 //   kGates (G)       blocks of H rows in weight_ih and weight_hh: a step's pre-activations are G x H.
 //   kSaved (A)       blocks of H activations that the forward saves for the backward.
 //   kHasCell         a cell state c beside h (LLTM, LSTM); the GRU's state is h alone.
@@ -23,6 +26,7 @@
 //       z * dh; zero for the others).
 // `M` supplies exp, expm1 and tanh for the arithmetic type `acc_t`: the CPU passes vectorisable
 // approximations for float and libm otherwise, CUDA its device functions.
+// The cells are listed once, in cell_list.h; every device instantiates and registers what that list names.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +50,9 @@ LLTM_HOST_DEVICE acc_t sigmoid(acc_t x) {
 // The LLTM, from PyTorch's "Custom C++ and CUDA Extensions" tutorial: gates (input, output, candidate),
 //   i = sigmoid(g_i), o = sigmoid(g_o), z = elu(g_z); c' = c + i z (no forget gate); h' = tanh(c') o.
 struct LLTMCell {
+  static constexpr const char* kName = "lltm";
+  static constexpr const char* kOpPrefix = "";  // the first ops' names, which saved programs call
+  static constexpr int kBiases = 1;
   static constexpr int kGates = 3, kSaved = 3, kGradBlocks = 3;
   static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = false, kNeedsHPrev = false;
 
@@ -75,6 +82,9 @@ struct LLTMCell {
 // torch.nn.LSTM's cell: gates (input, forget, cell, output),
 //   i, f, o = sigmoid(.), g = tanh(.); c' = f c + i g; h' = o tanh(c').
 struct LSTMCell {
+  static constexpr const char* kName = "lstm";
+  static constexpr const char* kOpPrefix = "lstm_";
+  static constexpr int kBiases = 2;
   static constexpr int kGates = 4, kSaved = 4, kGradBlocks = 4;
   static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = true, kNeedsHPrev = false;
 
@@ -107,6 +117,9 @@ struct LSTMCell {
 //   r, z = sigmoid(.), n = tanh(W_in x + b_in + r (W_hn h + b_hn)); h' = (1 - z) n + z h.
 // Saved: r, z, n and W_hn h + b_hn (the backward's dL/dr needs it).
 struct GRUCell {
+  static constexpr const char* kName = "gru";
+  static constexpr const char* kOpPrefix = "gru_";
+  static constexpr int kBiases = 2;
   static constexpr int kGates = 3, kSaved = 4, kGradBlocks = 4;
   static constexpr bool kHasCell = false, kSplit = true, kNeedsCPrev = false, kNeedsHPrev = true;
 
@@ -130,6 +143,53 @@ struct GRUCell {
     dg[2] = dn * r;  // h side: W_hn h + b_hn is scaled by r
     dg[3] = dn;
     dh_prev = dh * z;
+  }
+};
+
+// torch.nn.RNN's cell (Elman, "Finding Structure in Time", 1990), one gate: h' = tanh(g) with
+// nonlinearity="tanh", relu(g) with "relu". The saved activation is h' itself (its derivative needs no more).
+struct RNNShape {
+  static constexpr int kBiases = 2;
+  static constexpr int kGates = 1, kSaved = 1, kGradBlocks = 1;
+  static constexpr bool kHasCell = false, kSplit = false, kNeedsCPrev = false, kNeedsHPrev = false;
+};
+
+struct RNNTanhCell : RNNShape {
+  static constexpr const char* kName = "rnn";
+  static constexpr const char* kOpPrefix = "rnn_";
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[1], const acc_t (&gh)[1], acc_t, acc_t, acc_t (&s)[1],
+                                       acc_t&, acc_t& h) {
+    s[0] = M::tanh(gx[0] + gh[0]);
+    h = s[0];
+  }
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t&, const acc_t (&s)[1], acc_t, acc_t, acc_t, acc_t (&dg)[1],
+                                        acc_t& dh_prev) {
+    dg[0] = dh * (acc_t(1) - s[0] * s[0]);
+    dh_prev = acc_t(0);
+  }
+};
+
+struct RNNReLUCell : RNNShape {
+  static constexpr const char* kName = "rnn_relu";
+  static constexpr const char* kOpPrefix = "rnn_relu_";
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[1], const acc_t (&gh)[1], acc_t, acc_t, acc_t (&s)[1],
+                                       acc_t&, acc_t& h) {
+    const acc_t g = gx[0] + gh[0];
+    s[0] = g <= acc_t(0) ? acc_t(0) : g;  // NaN stays NaN, as torch.relu's
+    h = s[0];
+  }
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t&, const acc_t (&s)[1], acc_t, acc_t, acc_t, acc_t (&dg)[1],
+                                        acc_t& dh_prev) {
+    dg[0] = s[0] > acc_t(0) ? dh : acc_t(0);  // torch's relu backward: the gradient where the output is > 0
+    dh_prev = acc_t(0);
   }
 };
 

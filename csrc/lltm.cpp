@@ -18,10 +18,10 @@ struct Sizes {
   int64_t T, B, I, H;
 };
 
-// Large float32 GEMMs on the CPU go through oneDNN's matmul (ATen's mkldnn::_linear_pointwise, the op that
-// Inductor's CPU code calls), which runs AVX-512 kernels where MKL's sgemm takes its AVX2 path on AMD CPUs:
-// 1.7x-1.9x on cpu-M's projection and gradient GEMMs on a Zen 5 (BENCHMARKS.md). MKL (at::mm) for the
-// rest, for small products (the op's set-up) and where a torch build lacks the op.
+// Large float32 GEMMs on the CPU go through oneDNN's matmul (ATen's mkldnn::_linear_pointwise, the op that Inductor's
+// CPU code calls), which runs AVX-512 kernels where MKL's sgemm takes its AVX2 path on AMD CPUs: 1.7x-1.9x on cpu-M's
+// projection and gradient GEMMs on a Zen 5 (benchmarks/log/2026-12-01_every-cell.md). MKL (at::mm) for the rest, for
+// small products (the op's set-up) and where a torch build lacks the op.
 const c10::OperatorHandle* onednn_linear_op() {
   static const std::optional<c10::OperatorHandle> op =
       c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
@@ -81,7 +81,7 @@ void check_shape(const std::string& op, const char* name, const Tensor& t, at::I
 
 template <typename Cell>
 std::string op_name(bool backward) {
-  return std::string("lltm.") + (backward ? Ops<Cell>::kBackward : Ops<Cell>::kForward);
+  return "lltm." + (backward ? Schema<Cell>::backward_name() : Schema<Cell>::forward_name());
 }
 
 // The inputs every op takes (the forward's, or the backward's copies of them): dtype, shapes, devices.
@@ -175,7 +175,7 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   const std::string op = op_name<Cell>(false);
   const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
   if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
-  check_bias(op, Ops<Cell>::kBias, a.bias_ih, G * s.H, G, a.input);
+  check_bias(op, Schema<Cell>::bias_name(), a.bias_ih, G * s.H, G, a.input);
   check_bias(op, "bias_hh", a.bias_hh, G * s.H, G, a.input);
   const Tensor lens = check_lengths(op, a.lengths, s);
   const auto opts = a.input.options();
@@ -299,43 +299,20 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   return g;
 }
 
-template LayerOutputs layer_forward<LLTMCell>(const LayerInputs&, const Recurrence&);
-template LayerOutputs layer_forward<LSTMCell>(const LayerInputs&, const Recurrence&);
-template LayerOutputs layer_forward<GRUCell>(const LayerInputs&, const Recurrence&);
-template LayerGrads layer_backward<LLTMCell>(const LayerGradInputs&, const Recurrence&);
-template LayerGrads layer_backward<LSTMCell>(const LayerGradInputs&, const Recurrence&);
-template LayerGrads layer_backward<GRUCell>(const LayerGradInputs&, const Recurrence&);
+#define LLTM_INSTANTIATE(CELL)                                                      \
+  template LayerOutputs layer_forward<CELL>(const LayerInputs&, const Recurrence&); \
+  template LayerGrads layer_backward<CELL>(const LayerGradInputs&, const Recurrence&);
+LLTM_FOR_EACH_CELL(LLTM_INSTANTIATE)
+#undef LLTM_INSTANTIATE
 
 }  // namespace lltm
 
+// Each cell's two schemas (lltm.h's Schema). save=False: the forward keeps nothing for a backward and returns
+// `cells` and `activations` empty (lltm.h).
 TORCH_LIBRARY(lltm, m) {
-  // save=False: the forward keeps nothing for a backward and returns `cells` and `activations` empty (lltm.h).
-  // LLTM: gates (input, output, candidate); one bias.
-  m.def(
-      "layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
-      "Tensor? bias, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
-      "Tensor activations)");
-  m.def(
-      "layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor h0, "
-      "Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
-      "Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_weight_ih, "
-      "Tensor grad_weight_hh, Tensor grad_bias)");
-  // LSTM (torch.nn.LSTM's math and parameters): gates (input, forget, cell, output).
-  m.def(
-      "lstm_layer_forward(Tensor input, Tensor h0, Tensor c0, Tensor weight_ih, Tensor weight_hh, "
-      "Tensor? bias_ih, Tensor? bias_hh, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, "
-      "Tensor c_n, Tensor cells, Tensor activations)");
-  m.def(
-      "lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor h0, "
-      "Tensor c0, Tensor weight_ih, Tensor weight_hh, Tensor output, Tensor cells, Tensor activations, "
-      "Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, Tensor grad_weight_ih, "
-      "Tensor grad_weight_hh, Tensor grad_bias_ih, Tensor grad_bias_hh)");
-  // GRU (torch.nn.GRU's math and parameters): gates (reset, update, new); the state is h alone.
-  m.def(
-      "gru_layer_forward(Tensor input, Tensor h0, Tensor weight_ih, Tensor weight_hh, Tensor? bias_ih, "
-      "Tensor? bias_hh, Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, Tensor activations)");
-  m.def(
-      "gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, Tensor weight_ih, "
-      "Tensor weight_hh, Tensor output, Tensor activations, Tensor? lengths) -> (Tensor grad_input, "
-      "Tensor grad_h0, Tensor grad_weight_ih, Tensor grad_weight_hh, Tensor grad_bias_ih, Tensor grad_bias_hh)");
+#define LLTM_DEFINE(CELL)                               \
+  m.def(lltm::Schema<CELL>::forward().c_str());         \
+  m.def(lltm::Schema<CELL>::backward().c_str());
+  LLTM_FOR_EACH_CELL(LLTM_DEFINE)
+#undef LLTM_DEFINE
 }

@@ -1,10 +1,9 @@
-// Shared declarations of the op library. For each cell of cells.h, two ops run a whole sequence, forward
-// and backward (a single step is a sequence with In = 1):
-//   lltm  layer_forward, layer_backward            (one bias, as PyTorch's C++/CUDA extension tutorial)
-//   lstm  lstm_layer_forward, lstm_layer_backward  (bias_ih and bias_hh, as torch.nn.LSTM)
-//   gru   gru_layer_forward, gru_layer_backward    (bias_ih and bias_hh, as torch.nn.GRU; no c state)
-// Their schemas are in lltm.cpp; `Ops<Cell>` below binds each to the cell-independent form of the
-// arguments (LayerInputs, LayerOutputs, LayerGradInputs, LayerGrads), which the implementation takes.
+// Shared declarations of the op library. For each cell of cells.h (listed in cell_list.h), two ops run a
+// whole sequence, forward and backward (a single step is a sequence with In = 1):
+//   lltm::<prefix>layer_forward, lltm::<prefix>layer_backward   (prefix: the cell's kOpPrefix)
+// Their schemas are made from the cell's trait (Schema<Cell> below), and every kernel of them is a boxed
+// function over the cell-independent form of the arguments (LayerInputs, LayerOutputs, LayerGradInputs,
+// LayerGrads), so no cell has a binding of its own.
 //
 // Sizes: In time steps, B batch rows, I input features, H hidden units, G = Cell::kGates; tensors are
 // time-major. The input projection of every step and the weight gradients are a few large GEMMs
@@ -23,12 +22,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <optional>
-#include <tuple>
+#include <string>
 
-#include "cells.h"
+#include "cell_list.h"
 
 namespace lltm {
 
@@ -95,117 +95,195 @@ LayerOutputs layer_forward(const LayerInputs& in, const Recurrence& r);
 template <typename Cell>
 LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
 
+// A cell's two op schemas, from its trait (the ops' arguments in this order):
+//   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True)
+//            -> (output, h_n, [c_n, cells], activations)
+//   backward (grad_output, grad_h_n, [grad_c_n], input, h0, [c0], weight_ih, weight_hh, output, [cells],
+//             activations, lengths) -> (grad_input, grad_h0, [grad_c0], grad_weight_ih, grad_weight_hh, grad_biases)
+// [c0, c_n, cells, grad_c_n, grad_c0]: cells with a c state (the backward's c0: kNeedsCPrev); biases: `bias`
+// (kBiases = 1) or `bias_ih, bias_hh`.
 template <typename Cell>
-struct Ops;  // the schema binding of a cell's two ops
+struct Schema {
+  static constexpr int kForwardArgs = 6 + Cell::kHasCell + Cell::kBiases;
+  static constexpr int kBackwardArgs = 9 + 2 * Cell::kHasCell + Cell::kNeedsCPrev;
+  static std::string forward_name() { return std::string(Cell::kOpPrefix) + "layer_forward"; }
+  static std::string backward_name() { return std::string(Cell::kOpPrefix) + "layer_backward"; }
+  static const char* bias_name() { return Cell::kBiases == 1 ? "bias" : "bias_ih"; }
+  static std::string forward() {
+    const std::string c = Cell::kHasCell ? "Tensor c0, " : "";
+    return forward_name() + "(Tensor input, Tensor h0, " + c + "Tensor weight_ih, Tensor weight_hh, " +
+           biases_list("Tensor? ", "") + ", Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, " +
+           (Cell::kHasCell ? "Tensor c_n, Tensor cells, " : "") + "Tensor activations)";
+  }
+  static std::string backward() {
+    return backward_name() + "(Tensor? grad_output, Tensor? grad_h_n, " + (Cell::kHasCell ? "Tensor? grad_c_n, " : "") +
+           "Tensor input, Tensor h0, " + (Cell::kNeedsCPrev ? "Tensor c0, " : "") +
+           "Tensor weight_ih, Tensor weight_hh, Tensor output, " + (Cell::kHasCell ? "Tensor cells, " : "") +
+           "Tensor activations, Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, " +
+           (Cell::kHasCell ? "Tensor grad_c0, " : "") + "Tensor grad_weight_ih, Tensor grad_weight_hh, " +
+           biases_list("Tensor ", "grad_") + ")";
+  }
 
-using In = const Tensor&;
-using Opt = const OptTensor&;
-using Forward5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+ private:
+  static std::string biases_list(const std::string& type, const std::string& prefix) {
+    return Cell::kBiases == 1 ? type + prefix + "bias" : type + prefix + "bias_ih, " + type + prefix + "bias_hh";
+  }
+};
 
-// An op of this library, to call through the dispatcher (below autograd, from the autograd kernels).
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+// The ops' arguments on a boxed stack <-> the cell-independent form, by Schema<Cell>'s order.
+template <typename Cell>
+LayerInputs read_forward_args(torch::jit::Stack& stack) {
+  const at::ArrayRef<c10::IValue> args = torch::jit::last(stack, Schema<Cell>::kForwardArgs);
+  size_t i = 0;
+  LayerInputs a;
+  a.input = args[i++].toTensor();
+  a.h0 = args[i++].toTensor();
+  if (Cell::kHasCell) a.c0 = args[i++].toTensor();
+  a.weight_ih = args[i++].toTensor();
+  a.weight_hh = args[i++].toTensor();
+  a.bias_ih = args[i++].toOptional<Tensor>();
+  if (Cell::kBiases == 2) a.bias_hh = args[i++].toOptional<Tensor>();
+  a.lengths = args[i++].toOptional<Tensor>();
+  a.save = args[i++].toBool();
+  torch::jit::drop(stack, Schema<Cell>::kForwardArgs);
+  return a;
 }
 
-template <>
-struct Ops<LLTMCell> {
-  static constexpr const char* kForward = "layer_forward";
-  static constexpr const char* kBackward = "layer_backward";
-  static constexpr const char* kBias = "bias";
-  static constexpr bool kBiasHH = false;
-  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-  template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias, Opt lengths, bool save) {
-    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias, std::nullopt, lengths, save});
-    return {r.output, r.h_n, r.c_n, r.cells, r.activations};
-  }
-  template <LayerGrads (*F)(const LayerGradInputs&)>
-  static Backward backward(Opt grad_output, Opt grad_h_n, Opt grad_c_n, In input, In h0, In w_ih, In w_hh, In output, In cells,
-                           In activations, Opt lengths) {
-    const LayerGrads g =
-        F({grad_output, grad_h_n, grad_c_n, input, h0, Tensor(), w_ih, w_hh, output, cells, activations, lengths});
-    return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih};
-  }
-  static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, bool)>("lltm::layer_forward");
-    auto [output, h_n, c_n, cells, act] =
-        op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.lengths, a.save);
-    return {output, h_n, c_n, cells, act};
-  }
-  static LayerGrads call_backward(const LayerGradInputs& a) {
-    static const auto op = find_op<Backward(Opt, Opt, Opt, In, In, In, In, In, In, In, Opt)>("lltm::layer_backward");
-    auto [gx, gh0, gc0, gwih, gwhh, gb] = op.call(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0, a.weight_ih, a.weight_hh,
-        a.output, a.cells, a.activations, a.lengths);
-    return {gx, gh0, gc0, gwih, gwhh, gb, Tensor()};
-  }
-};
+template <typename Cell>
+void push_forward_args(torch::jit::Stack& stack, const LayerInputs& a) {
+  stack.reserve(stack.size() + Schema<Cell>::kForwardArgs);
+  stack.emplace_back(a.input);
+  stack.emplace_back(a.h0);
+  if (Cell::kHasCell) stack.emplace_back(a.c0);
+  stack.emplace_back(a.weight_ih);
+  stack.emplace_back(a.weight_hh);
+  stack.emplace_back(a.bias_ih);
+  if (Cell::kBiases == 2) stack.emplace_back(a.bias_hh);
+  stack.emplace_back(a.lengths);
+  stack.emplace_back(a.save);
+}
 
-template <>
-struct Ops<LSTMCell> {
-  static constexpr const char* kForward = "lstm_layer_forward";
-  static constexpr const char* kBackward = "lstm_layer_backward";
-  static constexpr const char* kBias = "bias_ih";
-  static constexpr bool kBiasHH = true;
-  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-  template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward5 forward(In input, In h0, In c0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths, bool save) {
-    const LayerOutputs r = F({input, h0, c0, w_ih, w_hh, bias_ih, bias_hh, lengths, save});
-    return {r.output, r.h_n, r.c_n, r.cells, r.activations};
+template <typename Cell>
+void push_outputs(torch::jit::Stack& stack, const LayerOutputs& r) {
+  stack.emplace_back(r.output);
+  stack.emplace_back(r.h_n);
+  if (Cell::kHasCell) {
+    stack.emplace_back(r.c_n);
+    stack.emplace_back(r.cells);
   }
-  template <LayerGrads (*F)(const LayerGradInputs&)>
-  static Backward backward(Opt grad_output, Opt grad_h_n, Opt grad_c_n, In input, In h0, In c0, In w_ih, In w_hh, In output,
-                           In cells, In activations, Opt lengths) {
-    const LayerGrads g =
-        F({grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, output, cells, activations, lengths});
-    return {g.input, g.h0, g.c0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
-  }
-  static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward5(In, In, In, In, In, Opt, Opt, Opt, bool)>("lltm::lstm_layer_forward");
-    auto [output, h_n, c_n, cells, act] =
-        op.call(a.input, a.h0, a.c0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.save);
-    return {output, h_n, c_n, cells, act};
-  }
-  static LayerGrads call_backward(const LayerGradInputs& a) {
-    static const auto op = find_op<Backward(Opt, Opt, Opt, In, In, In, In, In, In, In, In, Opt)>("lltm::lstm_layer_backward");
-    auto [gx, gh0, gc0, gwih, gwhh, gbih, gbhh] = op.call(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0, a.c0, a.weight_ih,
-        a.weight_hh, a.output, a.cells, a.activations, a.lengths);
-    return {gx, gh0, gc0, gwih, gwhh, gbih, gbhh};
-  }
-};
+  stack.emplace_back(r.activations);
+}
 
-template <>
-struct Ops<GRUCell> {
-  static constexpr const char* kForward = "gru_layer_forward";
-  static constexpr const char* kBackward = "gru_layer_backward";
-  static constexpr const char* kBias = "bias_ih";
-  static constexpr bool kBiasHH = true;
-  using Forward = std::tuple<Tensor, Tensor, Tensor>;
-  using Backward = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-  template <LayerOutputs (*F)(const LayerInputs&)>
-  static Forward forward(In input, In h0, In w_ih, In w_hh, Opt bias_ih, Opt bias_hh, Opt lengths, bool save) {
-    const LayerOutputs r = F({input, h0, Tensor(), w_ih, w_hh, bias_ih, bias_hh, lengths, save});
-    return {r.output, r.h_n, r.activations};
-  }
-  template <LayerGrads (*F)(const LayerGradInputs&)>
-  static Backward backward(Opt grad_output, Opt grad_h_n, In input, In h0, In w_ih, In w_hh, In output, In activations,
-                           Opt lengths) {
-    const LayerGrads g = F({grad_output, grad_h_n, std::nullopt, input, h0, Tensor(), w_ih, w_hh, output, Tensor(),
-                            activations, lengths});
-    return {g.input, g.h0, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh};
-  }
-  static LayerOutputs call_forward(const LayerInputs& a) {
-    static const auto op = find_op<Forward(In, In, In, In, Opt, Opt, Opt, bool)>("lltm::gru_layer_forward");
-    auto [output, h_n, act] = op.call(a.input, a.h0, a.weight_ih, a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.save);
-    return {output, h_n, Tensor(), Tensor(), act};
-  }
-  static LayerGrads call_backward(const LayerGradInputs& a) {
-    static const auto op = find_op<Backward(Opt, Opt, In, In, In, In, In, In, Opt)>("lltm::gru_layer_backward");
-    auto [gx, gh0, gwih, gwhh, gbih, gbhh] = op.call(a.grad_output, a.grad_h_n, a.input, a.h0, a.weight_ih, a.weight_hh, a.output,
-        a.activations, a.lengths);
-    return {gx, gh0, Tensor(), gwih, gwhh, gbih, gbhh};
-  }
-};
+template <typename Cell>
+LayerOutputs pop_outputs(torch::jit::Stack& stack) {
+  constexpr size_t n = 3 + 2 * Cell::kHasCell;
+  const at::ArrayRef<c10::IValue> v = torch::jit::last(stack, n);
+  LayerOutputs r = Cell::kHasCell ? LayerOutputs{v[0].toTensor(), v[1].toTensor(), v[2].toTensor(), v[3].toTensor(),
+                                                 v[4].toTensor()}
+                                  : LayerOutputs{v[0].toTensor(), v[1].toTensor(), Tensor(), Tensor(), v[2].toTensor()};
+  torch::jit::drop(stack, n);
+  return r;
+}
+
+template <typename Cell>
+LayerGradInputs read_backward_args(torch::jit::Stack& stack) {
+  const at::ArrayRef<c10::IValue> args = torch::jit::last(stack, Schema<Cell>::kBackwardArgs);
+  size_t i = 0;
+  LayerGradInputs a;
+  a.grad_output = args[i++].toOptional<Tensor>();
+  a.grad_h_n = args[i++].toOptional<Tensor>();
+  if (Cell::kHasCell) a.grad_c_n = args[i++].toOptional<Tensor>();
+  a.input = args[i++].toTensor();
+  a.h0 = args[i++].toTensor();
+  if (Cell::kNeedsCPrev) a.c0 = args[i++].toTensor();
+  a.weight_ih = args[i++].toTensor();
+  a.weight_hh = args[i++].toTensor();
+  a.output = args[i++].toTensor();
+  if (Cell::kHasCell) a.cells = args[i++].toTensor();
+  a.activations = args[i++].toTensor();
+  a.lengths = args[i++].toOptional<Tensor>();
+  torch::jit::drop(stack, Schema<Cell>::kBackwardArgs);
+  return a;
+}
+
+template <typename Cell>
+void push_backward_args(torch::jit::Stack& stack, const LayerGradInputs& a) {
+  stack.reserve(stack.size() + Schema<Cell>::kBackwardArgs);
+  stack.emplace_back(a.grad_output);
+  stack.emplace_back(a.grad_h_n);
+  if (Cell::kHasCell) stack.emplace_back(a.grad_c_n);
+  stack.emplace_back(a.input);
+  stack.emplace_back(a.h0);
+  if (Cell::kNeedsCPrev) stack.emplace_back(a.c0);
+  stack.emplace_back(a.weight_ih);
+  stack.emplace_back(a.weight_hh);
+  stack.emplace_back(a.output);
+  if (Cell::kHasCell) stack.emplace_back(a.cells);
+  stack.emplace_back(a.activations);
+  stack.emplace_back(a.lengths);
+}
+
+template <typename Cell>
+void push_grads(torch::jit::Stack& stack, const LayerGrads& g) {
+  stack.emplace_back(g.input);
+  stack.emplace_back(g.h0);
+  if (Cell::kHasCell) stack.emplace_back(g.c0);
+  stack.emplace_back(g.weight_ih);
+  stack.emplace_back(g.weight_hh);
+  stack.emplace_back(g.bias_ih);
+  if (Cell::kBiases == 2) stack.emplace_back(g.bias_hh);
+}
+
+template <typename Cell>
+LayerGrads pop_grads(torch::jit::Stack& stack) {
+  constexpr size_t n = 5 + Cell::kHasCell + (Cell::kBiases == 2);
+  const at::ArrayRef<c10::IValue> v = torch::jit::last(stack, n);
+  size_t i = 0;
+  LayerGrads g;
+  g.input = v[i++].toTensor();
+  g.h0 = v[i++].toTensor();
+  if (Cell::kHasCell) g.c0 = v[i++].toTensor();
+  g.weight_ih = v[i++].toTensor();
+  g.weight_hh = v[i++].toTensor();
+  g.bias_ih = v[i++].toTensor();
+  if (Cell::kBiases == 2) g.bias_hh = v[i++].toTensor();
+  torch::jit::drop(stack, n);
+  return g;
+}
+
+// Calls a cell's op through the dispatcher (below autograd, from the autograd kernels).
+template <typename Cell>
+LayerOutputs call_forward(const LayerInputs& a) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(("lltm::" + Schema<Cell>::forward_name()).c_str(), "");
+  torch::jit::Stack stack;
+  push_forward_args<Cell>(stack, a);
+  op.callBoxed(stack);
+  return pop_outputs<Cell>(stack);
+}
+
+template <typename Cell>
+LayerGrads call_backward(const LayerGradInputs& a) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(("lltm::" + Schema<Cell>::backward_name()).c_str(), "");
+  torch::jit::Stack stack;
+  push_backward_args<Cell>(stack, a);
+  op.callBoxed(stack);
+  return pop_grads<Cell>(stack);
+}
+
+// A kernel of a cell's forward (backward) op, from a function of the cell-independent arguments.
+template <typename Cell, LayerOutputs (*F)(const LayerInputs&)>
+void boxed_forward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const LayerOutputs r = F(read_forward_args<Cell>(*stack));
+  push_outputs<Cell>(*stack, r);
+}
+
+template <typename Cell, LayerGrads (*F)(const LayerGradInputs&)>
+void boxed_backward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const LayerGrads g = F(read_backward_args<Cell>(*stack));
+  push_grads<Cell>(*stack, g);
+}
 
 template <typename Cell, const Recurrence& R>
 LayerOutputs device_forward(const LayerInputs& in) {
@@ -220,8 +298,10 @@ LayerGrads device_backward(const LayerGradInputs& in) {
 // Registers a cell's two ops for one dispatch key (inside TORCH_LIBRARY_IMPL) with a device's recurrence.
 template <typename Cell, const Recurrence& R>
 void register_kernels(torch::Library& m) {
-  m.impl(Ops<Cell>::kForward, &Ops<Cell>::template forward<&device_forward<Cell, R>>);
-  m.impl(Ops<Cell>::kBackward, &Ops<Cell>::template backward<&device_backward<Cell, R>>);
+  m.impl(Schema<Cell>::forward_name().c_str(),
+         torch::CppFunction::makeFromBoxedFunction<&boxed_forward<Cell, &device_forward<Cell, R>>>());
+  m.impl(Schema<Cell>::backward_name().c_str(),
+         torch::CppFunction::makeFromBoxedFunction<&boxed_backward<Cell, &device_backward<Cell, R>>>());
 }
 
 }  // namespace lltm

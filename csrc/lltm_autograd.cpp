@@ -1,7 +1,7 @@
 // Autograd of the compiled ops, in C++: nothing runs in Python between a forward op and its backward op
 // (a Python autograd.Function costs tens of microseconds a call, as much as a small layer's kernels).
 // Registered for the Autograd key, so every device and torch.compile's tracing go through it. One
-// template serves every cell; Ops<Cell> (lltm.h) maps it onto each cell's op signatures.
+// template serves every cell (cell_list.h); lltm.h's boxed binding maps it onto each cell's op schema.
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -34,7 +34,7 @@ variable_list pack(const LayerGrads& g) {
   variable_list v{g.input, g.h0};
   if (Cell::kHasCell) v.push_back(g.c0);
   v.insert(v.end(), {g.weight_ih, g.weight_hh, g.bias_ih});
-  if (Ops<Cell>::kBiasHH) v.push_back(g.bias_hh);
+  if (Cell::kBiases == 2) v.push_back(g.bias_hh);
   return v;
 }
 
@@ -48,7 +48,7 @@ LayerGrads unpack_grads(const variable_list& v) {
   g.weight_ih = v[i++];
   g.weight_hh = v[i++];
   g.bias_ih = v[i++];
-  if (Ops<Cell>::kBiasHH) g.bias_hh = v[i++];
+  if (Cell::kBiases == 2) g.bias_hh = v[i++];
   return g;
 }
 
@@ -61,7 +61,7 @@ struct LayerBackward : public torch::autograd::Function<LayerBackward<Cell>> {
                                const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& output,
                                const OptTensor& cells, const Tensor& activations, const OptTensor& lengths) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const LayerGrads g = Ops<Cell>::call_backward({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
+    const LayerGrads g = call_backward<Cell>({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
                                                    weight_ih, weight_hh, output, cells.value_or(Tensor()), activations,
                                                    lengths});
     return pack<Cell>(g);
@@ -81,7 +81,7 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
                                const OptTensor& bias_hh, const OptTensor& lengths) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerOutputs r =
-        Ops<Cell>::call_forward({input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths});
+        call_forward<Cell>({input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths});
     ctx->save_for_backward({input, h0, Cell::kNeedsCPrev ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
                             r.activations});
     ctx->saved_data["has_bias_ih"] = bias_ih.has_value();
@@ -127,7 +127,7 @@ template <typename Cell>
 LayerOutputs autograd_forward(const LayerInputs& a) {
   if (!a.save && !gradient_wanted(a)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return Ops<Cell>::call_forward(a);
+    return call_forward<Cell>(a);
   }
   return unpack_outputs<Cell>(LayerForward<Cell>::apply(a.input, a.h0, defined_or_none(a.c0), a.weight_ih,
                                                          a.weight_hh, a.bias_ih, a.bias_hh, a.lengths));
@@ -142,15 +142,17 @@ LayerGrads autograd_backward(const LayerGradInputs& a) {
 
 template <typename Cell>
 void register_autograd(torch::Library& m) {
-  m.impl(Ops<Cell>::kForward, &Ops<Cell>::template forward<&autograd_forward<Cell>>);
-  m.impl(Ops<Cell>::kBackward, &Ops<Cell>::template backward<&autograd_backward<Cell>>);
+  m.impl(Schema<Cell>::forward_name().c_str(),
+         torch::CppFunction::makeFromBoxedFunction<&boxed_forward<Cell, &autograd_forward<Cell>>>());
+  m.impl(Schema<Cell>::backward_name().c_str(),
+         torch::CppFunction::makeFromBoxedFunction<&boxed_backward<Cell, &autograd_backward<Cell>>>());
 }
 
 }  // namespace
 }  // namespace lltm
 
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
-  lltm::register_autograd<lltm::LLTMCell>(m);
-  lltm::register_autograd<lltm::LSTMCell>(m);
-  lltm::register_autograd<lltm::GRUCell>(m);
+#define LLTM_REGISTER(CELL) lltm::register_autograd<CELL>(m);
+  LLTM_FOR_EACH_CELL(LLTM_REGISTER)
+#undef LLTM_REGISTER
 }

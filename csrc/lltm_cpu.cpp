@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cells.h"
+#include "cell_list.h"
 #include "lltm.h"
 
 namespace lltm {
@@ -175,9 +175,7 @@ LLTM_HOST_DEVICE void backward_rows(const RowsBackward<scalar_t, at::opmath_type
   LLTM_CPU_CLONES void backward_rows_f32(CELL, const RowsBackward<float, float>& p) {          \
     backward_rows<CELL, float, FastFloatMath>(p);                                              \
   }
-LLTM_FLOAT_ROWS(LLTMCell)
-LLTM_FLOAT_ROWS(LSTMCell)
-LLTM_FLOAT_ROWS(GRUCell)
+LLTM_FOR_EACH_CELL(LLTM_FLOAT_ROWS)
 #undef LLTM_FLOAT_ROWS
 
 template <typename Cell, typename scalar_t>
@@ -229,7 +227,7 @@ void rows_gemm(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t lda, 
 // OpenMP: both blocks ran on one thread), 64 steps: forward
 // (K 512, N 2,048) 391-398 GFLOP/s in panels of 64 against 326-361 for the plain matrix, whose rows lie
 // 8 KiB apart, and 392-412 against 221-243 at N 1,536; backward (K 2,048, N 512) 394 against 232
-// (BENCHMARKS.md, 2026-12-02).
+// (benchmarks/log/2026-12-01_s03-cpu-lstm-profile.md, 2026-12-02).
 constexpr int64_t kPanel = 64;
 
 // m (K, N), any strides, in panels of `width` columns; the matrix itself when one panel holds it already.
@@ -385,7 +383,8 @@ void backward(const BackwardTensors& g) {
             H};
         backward_rows_any<Cell, scalar_t>(p);
         // The weight gradients' operands, while the rows are in cache: against oneDNN's own transposing copy
-        // after the loop, backward 1.05x-1.3x at cpu-S, no change at cpu-M (BENCHMARKS.md, 2026-12-02).
+        // after the loop, backward 1.05x-1.3x at cpu-S, no change at cpu-M
+        // (benchmarks/log/2026-12-02_s06-cpu-openmp.md).
         if (g.h_prev_t.defined()) {
           const int64_t col = t * B + b0;
           put_transposed(h_prev, rows, H, ptr<scalar_t>(g.h_prev_t), T * B, col, p.lengths, t);
@@ -407,7 +406,7 @@ const Recurrence kCpu{forward<Cell>, backward<Cell>};
 }  // namespace lltm
 
 TORCH_LIBRARY_IMPL(lltm, CPU, m) {
-  lltm::register_kernels<lltm::LLTMCell, lltm::kCpu<lltm::LLTMCell>>(m);
-  lltm::register_kernels<lltm::LSTMCell, lltm::kCpu<lltm::LSTMCell>>(m);
-  lltm::register_kernels<lltm::GRUCell, lltm::kCpu<lltm::GRUCell>>(m);
+#define LLTM_REGISTER(CELL) lltm::register_kernels<CELL, lltm::kCpu<CELL>>(m);
+  LLTM_FOR_EACH_CELL(LLTM_REGISTER)
+#undef LLTM_REGISTER
 }

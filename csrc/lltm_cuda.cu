@@ -80,7 +80,7 @@ const Recurrence kCuda{forward<Cell>, backward<Cell>};
 }  // namespace lltm
 
 TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
-  lltm::register_kernels<lltm::LLTMCell, lltm::cuda::kCuda<lltm::LLTMCell>>(m);
-  lltm::register_kernels<lltm::LSTMCell, lltm::cuda::kCuda<lltm::LSTMCell>>(m);
-  lltm::register_kernels<lltm::GRUCell, lltm::cuda::kCuda<lltm::GRUCell>>(m);
+#define LLTM_REGISTER(CELL) lltm::register_kernels<CELL, lltm::cuda::kCuda<CELL>>(m);
+  LLTM_FOR_EACH_CELL(LLTM_REGISTER)
+#undef LLTM_REGISTER
 }

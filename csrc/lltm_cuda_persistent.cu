@@ -1,15 +1,15 @@
-// Persistent recurrence: one launch runs all T steps, forward or backward, with W_hh on chip. A template
-// over the cells of cells.h; which cells, dtypes and hidden sizes have a kernel: `with_hidden_size`.
+// Persistent recurrence: one launch runs all T steps, forward or backward, with W_hh on chip. A template over the
+// cells of cells.h; which cells, dtypes and hidden sizes have a kernel: `with_hidden_size`.
 //
-// Batch rows never interact, so each thread-block cluster owns 8 batch rows (the N of one tensor-core
-// product) and splits the H hidden units over its C blocks. Block r keeps, in registers, the slice of
-// W_hh that its U = H / C units need, and the cell state of its (unit, row) pairs stays in registers for
-// the whole sequence. Per step the blocks exchange only h (forward) or the partial dL/dh (backward)
-// through distributed shared memory: asynchronous stores that each receiver counts on an mbarrier, with no
-// cluster-wide barrier (clusters of 16 keep one: async_exchange); nothing goes through global memory except the inputs and outputs each step must
-// read and write anyway. (Design and measurements: BENCHMARKS.md; the layout follows the Persistent RNN
-// idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their
-// distributed shared memory, available from compute capability 9.0.)
+// Batch rows never interact, so each thread-block cluster owns 8 batch rows (the N of one tensor-core product) and
+// splits the H hidden units over its C blocks. Block r keeps, in registers, the slice of W_hh that its U = H / C
+// units need, and the cell state of its (unit, row) pairs stays in registers for the whole sequence. Per step the
+// blocks exchange only h (forward) or the partial dL/dh (backward) through distributed shared memory: asynchronous
+// stores that each receiver counts on an mbarrier, with no cluster-wide barrier (clusters of 16 keep one:
+// async_exchange); nothing goes through global memory except the inputs and outputs each step must read and write
+// anyway. (Design and measurements: benchmarks/log/, 2026-11-30 to 2026-12-02; the layout follows the Persistent RNN
+// idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their distributed
+// shared memory, available from compute capability 9.0.)
 //
 // Forward step, block r, 8 rows: gates_own^T (G U x 8) = W_own (G U x H) . h_{t-1}^T (H x 8) on tensor
 // cores (the K dimension split over warps, partial sums reduced in shared memory), plus the x-projection
@@ -33,7 +33,7 @@
 #include <utility>
 
 #include "lltm_cuda.h"
-#include "cells.h"
+#include "cell_list.h"
 
 namespace lltm {
 namespace cuda {
@@ -42,11 +42,12 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kRows = 8;  // batch rows per cluster: the N of mma.m16n8k*
-// Waves of clusters up to which the persistent kernels beat one GEMM per step over the whole batch (the
-// stepped path), measured on an H200 for every cell (scripts/persistent_waves.py, BENCHMARKS.md), T = 128:
-// about 4 for H <= 128 (bfloat16, B = 1024 runs at 1.11x-1.45x the stepped path) and for float32 at H = 256
-// (B = 512 at 1.19x-1.27x); 2 for 16-bit H = 256 (B = 256 at 1.07x-1.12x, B = 512 at 0.76x-0.79x) and for
-// H = 512, where 7 clusters of 16 blocks fit at once (B = 96 at 1.28x-1.31x, B = 128 at 0.95x).
+// Waves of clusters up to which the persistent kernels beat one GEMM per step over the whole batch (the stepped
+// path), measured on an H200 for every cell (scripts/persistent_waves.py,
+// benchmarks/log/2026-12-01_lstm-gru-persistent-kernels.md), T = 128: about 4 for H <= 128 (bfloat16, B = 1024 runs
+// at 1.11x-1.45x the stepped path) and for float32 at H = 256 (B = 512 at 1.19x-1.27x); 2 for 16-bit H = 256 (B = 256
+// at 1.07x-1.12x, B = 512 at 0.76x-0.79x) and for H = 512, where 7 clusters of 16 blocks fit at once (B = 96 at
+// 1.28x-1.31x, B = 128 at 0.95x).
 template <typename scalar_t>
 constexpr int max_waves(int H) { return H <= 128 || (H <= 256 && sizeof(scalar_t) == 4) ? 4 : 2; }
 
@@ -81,10 +82,10 @@ __device__ __forceinline__ void mma_16bit(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-// The per-step exchange: each block's stores into the other blocks' shared memory are `st.async`s that count
-// their bytes on the receiver's mbarrier (one per buffer parity), and the receiver waits only for its own
-// barrier's phase. No cluster-wide barrier, and no release fence that waits for the sender's stores to land
-// (a cluster barrier cost about 1,200 of the 2,600 cycles of a forward step at H = 128: BENCHMARKS.md).
+// The per-step exchange: each block's stores into the other blocks' shared memory are `st.async`s that count their
+// bytes on the receiver's mbarrier (one per buffer parity), and the receiver waits only for its own barrier's phase.
+// No cluster-wide barrier, and no release fence that waits for the sender's stores to land (a cluster barrier cost
+// about 1,200 of the 2,600 cycles of a forward step at H = 128: benchmarks/log/2026-12-02_s07-st-async-exchange.md).
 // Reuse of a buffer two steps later is safe without more: a block writes buffer b at step t only after it has
 // received every block's output of step t - 1, which each block sends after its last read of b.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -126,10 +127,11 @@ __device__ __forceinline__ void store_remote(uint32_t addr, uint32_t value, uint
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
-// Clusters of up to 8 blocks exchange through mbarriers. Clusters of 16 (H = 512) keep one cluster barrier a
-// step: there compute-sanitizer's racecheck also reported the mbarriers' set-up (init, then the first arrive,
-// one thread) as hazards, which it did not for 4 and 8 blocks (H200, 2026-12-02). Until that is understood,
-// the barrier, which racecheck passes, stays there (the mbarriers ran 1.09x-1.11x faster at gpu-M: BENCHMARKS.md).
+// Clusters of up to 8 blocks exchange through mbarriers. Clusters of 16 (H = 512) keep one cluster barrier a step:
+// there compute-sanitizer's racecheck also reported the mbarriers' set-up (init, then the first arrive, one thread)
+// as hazards, which it did not for 4 and 8 blocks (H200, 2026-12-02). Until that is understood, the barrier, which
+// racecheck passes, stays there (the mbarriers ran 1.09x-1.11x faster at gpu-M:
+// benchmarks/log/2026-12-02_s07-st-async-exchange.md).
 constexpr bool async_exchange(int cluster) { return cluster <= 8; }
 
 // A step's exchange between the blocks of a cluster: put() sends 4 bytes into another block's shared memory,
@@ -789,9 +791,7 @@ void persistent_backward(const BackwardTensors& g) {
   template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, bool);     \
   template void persistent_forward<CELL>(const ForwardTensors&);                       \
   template void persistent_backward<CELL>(const BackwardTensors&);
-LLTM_PERSISTENT(LLTMCell)
-LLTM_PERSISTENT(LSTMCell)
-LLTM_PERSISTENT(GRUCell)
+LLTM_FOR_EACH_CELL(LLTM_PERSISTENT)
 #undef LLTM_PERSISTENT
 
 }  // namespace cuda

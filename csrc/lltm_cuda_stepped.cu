@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "lltm_cuda.h"
-#include "cells.h"
+#include "cell_list.h"
 #include "lltm.h"
 
 namespace lltm {
@@ -189,7 +189,16 @@ struct DeviceResources {
   std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspace;
 };
 
-using Key = std::tuple<int, cudaStream_t, int, int, int64_t, int64_t, bool, bool>;  // cell: kGates * 10 + kSaved
+// (device, stream, cell, dtype, B, H, backward, TF32). The cell is named by its own identity (cell_id), never by
+// its shape: two cells of one shape (the RNN's tanh and ReLU forms) must not replay each other's graphs.
+using Key = std::tuple<int, cudaStream_t, const void*, int, int64_t, int64_t, bool, bool>;
+
+// An address unique to each cell type.
+template <typename Cell>
+const void* cell_id() {
+  static const char id = 0;
+  return &id;
+}
 
 struct Cache {
   std::mutex mutex;
@@ -327,7 +336,7 @@ void stepped_forward(const ForwardTensors& f) {
                                   0,
                                   step_stride(f.activations),
                                   step_stride(f.cells)};
-    const Key key{f.gates.get_device(), stream, G * 10 + Cell::kSaved, static_cast<int>(f.gates.scalar_type()),
+    const Key key{f.gates.get_device(), stream, cell_id<Cell>(), static_cast<int>(f.gates.scalar_type()),
                   B, H, false, tf32};
     const auto bytes = scratch_bytes(false, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
     with_scratch(key, bytes, f.gates, stream, [&](const Scratch& x, Entry* e, DeviceResources* d, cublasHandle_t handle) {
@@ -387,7 +396,7 @@ void stepped_backward(const BackwardTensors& g) {
                                   Cell::kNeedsCPrev ? g.c0.data_ptr<scalar_t>() : nullptr,
                                   g.lengths.defined() ? g.lengths.data_ptr<int64_t>() : nullptr,
                                   T - 1};
-    const Key key{g.activations.get_device(), stream, G * 10 + Cell::kSaved,
+    const Key key{g.activations.get_device(), stream, cell_id<Cell>(),
                   static_cast<int>(g.activations.scalar_type()), B, H, true, tf32};
     const auto bytes = scratch_bytes(true, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
     with_scratch(key, bytes, g.activations, stream, [&](const Scratch& x, Entry* e, DeviceResources* d,
@@ -439,12 +448,11 @@ void stepped_backward(const BackwardTensors& g) {
   });
 }
 
-template void stepped_forward<LLTMCell>(const ForwardTensors&);
-template void stepped_forward<LSTMCell>(const ForwardTensors&);
-template void stepped_forward<GRUCell>(const ForwardTensors&);
-template void stepped_backward<LLTMCell>(const BackwardTensors&);
-template void stepped_backward<LSTMCell>(const BackwardTensors&);
-template void stepped_backward<GRUCell>(const BackwardTensors&);
+#define LLTM_STEPPED(CELL)                                         \
+  template void stepped_forward<CELL>(const ForwardTensors&); \
+  template void stepped_backward<CELL>(const BackwardTensors&);
+LLTM_FOR_EACH_CELL(LLTM_STEPPED)
+#undef LLTM_STEPPED
 
 }  // namespace cuda
 }  // namespace lltm

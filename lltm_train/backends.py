@@ -3,8 +3,8 @@
 - ``python``: the reference, composed of PyTorch ops (any device and dtype; autograd does the backward).
 - ``cpp``: the compiled extension's fused CPU kernels, for CPU tensors.
 - ``cuda``: the compiled extension's CUDA kernels, for CUDA tensors.
-- ``torch``: PyTorch's own LSTM and GRU (``torch.nn.LSTM``/``GRU``: cuDNN on a GPU, oneDNN on a CPU), the
-  baseline the fused cells are compared with; the LSTM and GRU only.
+- ``torch``: PyTorch's own layer of the cell (``torch.nn.LSTM``, ``GRU``, ``RNN``: cuDNN on a GPU, oneDNN on a
+  CPU), the baseline the fused cells are compared with; the cells PyTorch has (not the LLTM).
 - ``auto``: the extension for the tensors' device when it is usable, else ``python``; the choice is
   logged once per device type (logger ``lltm_train``).
 """
@@ -16,6 +16,7 @@ import logging
 import torch
 
 from . import ops
+from .ops.cells import cell_spec
 
 log = logging.getLogger("lltm_train")
 
@@ -57,12 +58,15 @@ def _why_unavailable(name: str) -> str:
 
 
 def check_backend_name(backend: str, cell: str = "lltm") -> None:
-    """Raises ValueError unless ``backend`` is one of :data:`BACKENDS` and exists for ``cell``."""
+    """Raises ValueError unless ``backend`` is one of :data:`BACKENDS` and exists for ``cell`` (``torch`` only
+    for the cells PyTorch has: ``CellSpec.torch_module``)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "torch" and cell == "lltm":
-        raise ValueError("backend 'torch' is torch.nn's LSTM and GRU; PyTorch has no LLTM: choose auto, python, cpp "
-                         "or cuda for the lltm cell")
+    if backend == "torch":
+        spec = cell_spec(cell)
+        if not spec.has_torch:
+            raise ValueError(f"backend 'torch' is torch.nn's own cells, and PyTorch has no {spec.title}: choose auto, "
+                             f"python, cpp or cuda for the {spec.name} cell")
 
 
 @torch.compiler.assume_constant_result
@@ -71,8 +75,8 @@ def resolve_backend(backend: str, device_type: str, cell: str = "lltm") -> str:
     ``device_type`` for ``cell``.
 
     Raises:
-        ValueError: unknown backend name, ``torch`` for the LLTM, or a backend asked for tensors of the
-            wrong device.
+        ValueError: unknown backend or cell name, ``torch`` for a cell PyTorch lacks (the LLTM), or a backend
+            asked for tensors of the wrong device.
         RuntimeError: the backend asked for is not built or not usable here (the message says how to fix it).
     """
     check_backend_name(backend, cell)

@@ -12,7 +12,8 @@ from hydra.utils import to_absolute_path
 
 from .config import ConfigError
 from .data import SequenceDataModule
-from .tasks import LLTMTask
+from .run_files import CHECKPOINT_SUFFIX
+from .tasks import RecurrentTask
 
 log = logging.getLogger("lltm_train")
 
@@ -34,7 +35,7 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
     Raises:
         ConfigError: no checkpoint where one was asked for, or checkpoints where none was.
     """
-    existing = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    existing = sorted(checkpoint_dir.glob(f"*{CHECKPOINT_SUFFIX}"), key=lambda p: p.stat().st_mtime)
     if ckpt_path is None and requeued and existing:
         log.info(f"lltm-train: a requeued job: resuming from the newest checkpoint in {checkpoint_dir}")
         ckpt_path = "last"
@@ -86,7 +87,7 @@ def read_checkpoint(path: Path) -> dict:
     return ckpt
 
 
-def check_fits(path: str, task: LLTMTask, datamodule: SequenceDataModule) -> int:
+def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -> int:
     """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes), this
     optimiser's state, and data state (a text's vocabulary) that this data module accepts. Returns the
     checkpoint's step (optimiser steps done)."""

@@ -29,8 +29,9 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from .checkpoint_io import CheckpointWriteError
-from .config import ConfigError, config_dir, hydra_value
+from .config import ConfigError, cell_backends, config_dir, hydra_value
 from .report import higher_is_better, short_number
+from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, overrides_record
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError, CheckpointWriteError)
@@ -67,27 +68,27 @@ def _swept_keys(argv: list[str]) -> set[str]:
 def _config_subdir(ckpt_path: str | None) -> str:
     """Where Hydra records a job's config: ``.hydra`` for a new run; a resume gets its own
     ``.hydra/resume_<date_time>``, so that the first run's record (which a resume must match) is kept."""
-    return ".hydra" if ckpt_path is None else f".hydra/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    return HYDRA if ckpt_path is None else f"{HYDRA}/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
 def _cell_backends() -> str:
-    """Every cell on every backend this machine runs, as the options of conf/cell_backend/, comma-separated
-    (experiment=compare_backends sweeps them): e.g. lltm_python,lltm_cpp,lstm_python,...,gru_torch."""
+    """Every cell on every backend this machine runs, as the options of the cell_backend group (lltm_train.config),
+    comma-separated (experiment=compare_backends sweeps them): e.g. lltm_python,lltm_cpp,lstm_python,...,rnn_relu_torch."""
     from .backends import available_backends
     from .ops.cells import CELLS
 
-    backends = [*available_backends(), "torch"]
-    return ",".join(f"{c}_{b}" for c in CELLS for b in backends if (c, b) != ("lltm", "torch"))
+    here = {*available_backends(), "torch"}
+    return ",".join(f"{name}_{b}" for name, spec in CELLS.items() for b in cell_backends(spec) if b in here)
 
 
 def _fused_and_torch() -> str:
-    """Each cell on this machine's fused backend (cuda with a GPU, else cpp) and torch.nn's LSTM and GRU, as
-    options of conf/cell_backend/ (experiment=compare_cells): e.g. lltm_cpp,lstm_cpp,gru_cpp,lstm_torch,gru_torch."""
+    """Each cell on this machine's fused backend (cuda with a GPU, else cpp) and torch.nn's own layer of each cell
+    PyTorch has, as options of the cell_backend group (experiment=compare_cells): e.g. lltm_cpp,...,rnn_relu_torch."""
     from .backends import available_backends
     from .ops.cells import CELLS
 
     fused = "cuda" if "cuda" in available_backends() else "cpp"
-    return ",".join([*(f"{c}_{fused}" for c in CELLS), *(f"{c}_torch" for c in CELLS if c != "lltm")])
+    return ",".join([*(f"{c}_{fused}" for c in CELLS), *(f"{c}_torch" for c, spec in CELLS.items() if spec.has_torch)])
 
 
 def _accelerator_for(backend: str) -> str:
@@ -184,10 +185,10 @@ class FailedJobs(Callback):
     slurm), for the summary line and the exit status."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        for error in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/error.txt")):
+        for error in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob(f"*/{ERROR}")):
             if error.stat().st_mtime >= _started:
                 _failed_jobs.setdefault(str(error.parent), (error.read_text().splitlines() or [""])[0])
-        for note in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob("*/diverged.txt")):
+        for note in sorted(Path(str(config.hydra.sweep.dir)).resolve().glob(f"*/{DIVERGED}")):
             if note.stat().st_mtime >= _started and str(note.parent) not in _failed_jobs:
                 _diverged_jobs[str(note.parent)] = (note.read_text().splitlines() or [""])[0]
 
@@ -201,16 +202,16 @@ def _optimising_sweeper() -> bool:
 def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -> None:
     _failed_jobs[str(job_dir.resolve())] = message
     print(f"lltm-train: error in job {job_dir.name}: {message}", file=sys.stderr, flush=True)
-    if any(p.stat().st_mtime < _started for p in job_dir.glob("checkpoints/*.ckpt")):
+    if any(p.stat().st_mtime < _started for p in job_dir.glob(f"{CHECKPOINTS}/*{CHECKPOINT_SUFFIX}")):
         return  # the folder is an earlier run's (a sweep run again into the same hydra.sweep.dir): not ours to mark
     job_dir.mkdir(parents=True, exist_ok=True)
     trace = "".join(traceback.format_exception(exc)) if exc is not None else ""
-    (job_dir / "error.txt").write_text(message + "\n\n" + trace)
+    (job_dir / ERROR).write_text(message + "\n\n" + trace)
 
 
 def _remove_if_empty(run_dir: Path) -> None:
     """Removes the run directory Hydra made for a job that failed before writing anything of its own."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG}:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -273,7 +274,7 @@ def _resumed_run_overrides(argv: list[str]) -> list[str]:
         return argv
     if "ckpt_path" not in parsed or "hydra.run.dir" not in parsed or "-m" in argv or "--multirun" in argv:
         return argv
-    record = Path(str(parsed["hydra.run.dir"].value())) / ".hydra" / "overrides.yaml"
+    record = overrides_record(str(parsed["hydra.run.dir"].value()))
     if not record.is_file():
         return argv
     saved = [o for o in OmegaConf.to_container(OmegaConf.load(record))

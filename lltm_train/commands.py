@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError
+from .run_files import config_record, run_dir_of
 
 
 def _fail(prog: str, exc: BaseException) -> None:
@@ -26,7 +27,7 @@ def generate_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (> 0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest characters only")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (lstm and gru models)")
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (models of a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
     try:
@@ -53,13 +54,13 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lltm-evaluate", description=evaluate_main.__doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("--split", choices=("test", "val"), default="test")
-    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (lstm and gru models)")
+    parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (models of a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--config", default=None, help="the run's config (default: <run>/.hydra/config.yaml)")
     a = parser.parse_args(argv)
     try:
         task, ckpt = load_task(a.checkpoint, a.backend, a.device)
-        config = Path(a.config) if a.config else Path(a.checkpoint).resolve().parent.parent / ".hydra" / "config.yaml"
+        config = Path(a.config) if a.config else config_record(run_dir_of(a.checkpoint))
         if not config.is_file():
             raise ConfigError(f"no run config at {config}: give --config <run>/.hydra/config.yaml")
         try:

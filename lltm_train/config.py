@@ -1,13 +1,17 @@
-"""Locating ``conf/`` and checking a composed config before anything is built from it."""
+"""Locating ``conf/``, the config options made from the cells' specs, and checking a composed config before
+anything is built from it."""
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import typing
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .ops.cells import CELLS, default_lr
 
 
 class ConfigError(ValueError):
@@ -15,13 +19,35 @@ class ConfigError(ValueError):
 
 
 def _default_lr(cell, hidden_size) -> float:
-    from .tasks.schedule import default_lr
-
     return default_lr(str(cell), hidden_size)
 
 
 # model.optimizer.lr's default: each cell's rule (conf/model/optim/adamw_cosine.yaml)
 OmegaConf.register_new_resolver("lltm_lr", _default_lr, replace=True)
+
+FUSED_BACKENDS = ("python", "cpp", "cuda")
+
+
+def cell_backends(spec) -> tuple[str, ...]:
+    """The backends of a cell (a CellSpec): python, cpp, cuda, and torch for a cell PyTorch has."""
+    return (*FUSED_BACKENDS, "torch") if spec.has_torch else FUSED_BACKENDS
+
+
+def register_cell_configs() -> None:
+    """The ``cell_backend`` config group, made from :data:`lltm_train.ops.cells.CELLS`: an option
+    ``<cell>_<backend>`` (``cell_backend=rnn_cpp``) for each cell and each of its backends, which sets
+    ``model.cell`` and ``backend`` (experiment=compare_backends and compare_cells sweep them). A new cell
+    gets its options here, with no file of its own."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for spec in CELLS.values():
+        for backend in cell_backends(spec):
+            store.store(group="cell_backend", name=f"{spec.name}_{backend}", package="_global_",
+                        node={"model": {"cell": spec.name}, "backend": backend})
+
+
+register_cell_configs()
 
 
 def config_dir() -> Path:
@@ -109,7 +135,7 @@ def check_node(node: DictConfig, key: str) -> None:
             continue
         plain = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
         if full == "trainer.max_time":
-            continue  # lltm_train.train checks it and turns it into Lightning's timedelta
+            continue  # max_time_seconds checks it (lltm_train.train gives it to Lightning as a timedelta)
         if plain is None and hints[name] is not typing.Any and type(None) not in typing.get_args(hints[name]):
             raise ConfigError(f"{full}: expected {inspect.formatannotation(hints[name])}, got null")
         try:
@@ -162,3 +188,34 @@ def check_config(cfg: DictConfig) -> None:
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         raise ConfigError(f"ckpt_path: expected a path or 'last', got {ckpt!r}")
+
+
+MAX_TIME_UNITS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+
+
+def max_time_seconds(value) -> float | None:
+    """``trainer.max_time`` in seconds, checked; None when it is not set. It may be seconds
+    (``trainer.max_time=90``), "DD:HH:MM:SS", or a dict of timedelta's keys such as {minutes: 5}.
+
+    Raises ConfigError for anything else, and for a time that is not positive, finite and under 30 years.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
+        value = dict(zip(MAX_TIME_UNITS, (int(part) for part in value.strip().split(":"))))
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
+        seconds = float(value)
+    elif isinstance(value, dict) and value and set(value) <= set(MAX_TIME_UNITS) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+        seconds = sum(float(v) * MAX_TIME_UNITS[k] for k, v in value.items())
+    if seconds is None:
+        raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600), DD:HH:MM:SS or a dict such as {{minutes: 5}}, "
+                          f"got {value!r}")
+    if not (seconds > 0 and math.isfinite(seconds) and seconds < 1e9):
+        raise ConfigError(f"trainer.max_time must be a positive, finite time under 30 years, got {value!r} ({seconds:g} s)")
+    return seconds

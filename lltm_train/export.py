@@ -11,8 +11,8 @@ Formats (``--format``):
   hand, T and B dynamic as for ``exported``.
 
 Every format has one interface, by the state of the model's cell: ``(tokens (T, B) int64, h0 (L, B, H),
-c0 (L, B, H)) -> (logits (T, B, V), h_n, c_n)`` for the LLTM and the LSTM, ``(tokens, h0) -> (logits,
-h_n)`` for the GRU; float32, zeros for a fresh state. The vocabulary goes beside the file as
+c0 (L, B, H)) -> (logits (T, B, V), h_n, c_n)`` for the cells with a c state (LLTM, LSTM), ``(tokens, h0) ->
+(logits, h_n)`` for the others (GRU, RNN); float32, zeros for a fresh state. The vocabulary goes beside the file as
 ``<OUT>.vocab.json`` (a list of characters in token-id order). After writing, the file is loaded in a fresh
 Python process and its outputs are compared with the checkpoint's eager model on the same input.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .nn import GRU
+from .nn import RecurrentLayers
 
 FORMATS = ("torchscript", "exported", "aoti")
 MAX_DIM = 100_000
@@ -50,7 +50,7 @@ class TokenModel(nn.Module):
 
 
 class TokenModelH(nn.Module):
-    """As :class:`TokenModel`, for a cell whose state is h alone (GRU)."""
+    """As :class:`TokenModel`, for a cell whose state is h alone (GRU, RNN)."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -62,8 +62,11 @@ class TokenModelH(nn.Module):
 
 
 def token_model(net: nn.Module) -> nn.Module:
-    """The exported interface of a character model: :class:`TokenModel` or, for a GRU, :class:`TokenModelH`."""
-    return TokenModelH(net) if isinstance(net.rnn, (nn.GRU, GRU)) else TokenModel(net)
+    """The exported interface of a character model: :class:`TokenModel`, or :class:`TokenModelH` for a cell
+    whose state is h alone (GRU, RNN)."""
+    rnn = net.rnn
+    has_c = rnn.cell.has_cell_state if isinstance(rnn, RecurrentLayers) else isinstance(rnn, nn.LSTM)
+    return TokenModel(net) if has_c else TokenModelH(net)
 
 
 def num_states(model: nn.Module) -> int:
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", help="the file to write")
     parser.add_argument("--format", choices=FORMATS, default="torchscript")
     parser.add_argument("--backend", default="auto", help="the backend the file runs: auto, python, cpp, cuda (or torch "
-                        "for an lstm or gru model)")
+                        "for a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
     try:

@@ -1,6 +1,7 @@
-"""Functional cells: a whole sequence (:func:`lltm_layer`, :func:`lstm_layer`, :func:`gru_layer`) and one step
-(:func:`lltm_cell`, :func:`lstm_cell`, :func:`gru_cell`: a layer with T = 1), for each cell of
-:mod:`lltm_train.ops.cells`.
+"""Functional cells: a whole sequence and one step (a layer with T = 1) of any cell of :mod:`lltm_train.ops.cells`
+(:func:`rnn_layer`, :func:`rnn_cell`, which take the cell's name or spec), and each with the conventions of its
+PyTorch counterpart for the LLTM, LSTM and GRU (:func:`lltm_layer`, :func:`lstm_layer`, :func:`gru_layer`,
+:func:`lltm_cell`, :func:`lstm_cell`, :func:`gru_cell`).
 
 This module is the authority on the arguments of the Python API: TypeError or ValueError with the
 argument's name. For the compiled backends the op's own C++ checks run first, and the Python ones only
@@ -25,7 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .backends import resolve_backend
 from .ops import reference
-from .ops.cells import GRU, LLTM, LSTM, CellSpec
+from .ops.cells import GRU, LLTM, LSTM, CellSpec, cell_spec
 
 __all__ = ["gru_cell", "gru_layer", "lltm_cell", "lltm_layer", "lstm_cell", "lstm_layer", "rnn_cell", "rnn_layer"]
 
@@ -124,13 +125,14 @@ def _uses_compiled(op: str, backend: str, tensors: tuple) -> bool:
 
 def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor, weight_hh: Tensor, biases: tuple,
                  lengths: Tensor | None) -> tuple[Tensor, tuple]:
-    """One layer through PyTorch's own LSTM or GRU (cuDNN, oneDNN): the ``torch`` backend."""
+    """One layer through PyTorch's own kernels for the cell (cuDNN, oneDNN: ``CellSpec.torch_function``), the
+    ``torch`` backend."""
     b_ih, b_hh = biases
     has_biases = b_ih is not None or b_hh is not None
     params = [weight_ih, weight_hh]
     if has_biases:  # torch's kernels take both biases or none
         params += [b if b is not None else weight_hh.new_zeros(weight_hh.shape[0]) for b in (b_ih, b_hh)]
-    run = torch.lstm if spec.name == "lstm" else torch.gru
+    run = spec.torch_run()
     hx = tuple(s.unsqueeze(0) for s in states)
     hx = hx if spec.has_cell_state else hx[0]
     train = torch.is_grad_enabled()  # no dropout either way; cuDNN's backward needs the training mode
@@ -198,20 +200,23 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
                                    lengths=lengths)
 
 
-def rnn_layer(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor, weight_hh: Tensor,
-              *biases: Tensor | None, lengths: Tensor | None = None,
+def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
+              weight_hh: Tensor, *biases: Tensor | None, lengths: Tensor | None = None,
               backend: str = "auto") -> tuple[Tensor, tuple[Tensor, ...]]:
-    """One layer of any cell over a sequence, its state as a tuple: ``hx`` and the result's state are
-    ``(h, c)`` or ``(h,)``, and ``biases`` the cell's (``CellSpec.biases``). :func:`lltm_layer`,
-    :func:`lstm_layer` and :func:`gru_layer` are this with their cell's conventions, and document it."""
+    """One layer of any cell (its name, e.g. ``"rnn_relu"``, or its spec) over a sequence, its state as a
+    tuple: ``hx`` and the result's state are ``(h, c)`` or ``(h,)``, and ``biases`` the cell's
+    (``CellSpec.biases``). :func:`lltm_layer`, :func:`lstm_layer` and :func:`gru_layer` are this with their
+    cell's conventions, and document it; ValueError for an unknown cell."""
+    cell = cell_spec(cell)
     name = f"{cell.name}_layer"
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1)
     return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend)
 
 
-def rnn_cell(cell: CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor, weight_hh: Tensor,
-             *biases: Tensor | None, backend: str = "auto") -> tuple[Tensor, ...]:
+def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
+             weight_hh: Tensor, *biases: Tensor | None, backend: str = "auto") -> tuple[Tensor, ...]:
     """One step of any cell (input (B, input_size)), its state as a tuple as in :func:`rnn_layer`."""
+    cell = cell_spec(cell)
     name = f"{cell.name}_cell"
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0)
     if not isinstance(input, Tensor) or input.dim() != 2:

@@ -11,25 +11,27 @@ from omegaconf import OmegaConf
 
 from .checkpoints import read_checkpoint
 from .config import ConfigError
-from .tasks import LLTMTask
+from .run_files import config_record, run_dir_of
+from .tasks import RecurrentTask
+from .tasks.resume import CHECKPOINT_KEY
 
 
-def _task_class(ckpt: dict, path: Path) -> type[LLTMTask]:
+def _task_class(ckpt: dict, path: Path) -> type[RecurrentTask]:
     """The LightningModule class that wrote ``ckpt``: recorded in it, or (older checkpoints) in the config
     of the run directory it lies in (``<run>/checkpoints/x.ckpt`` -> ``<run>/.hydra/config.yaml``)."""
-    name = (ckpt.get("lltm_train") or {}).get("task")
+    name = (ckpt.get(CHECKPOINT_KEY) or {}).get("task")
     if name is None:
-        config = path.resolve().parent.parent / ".hydra" / "config.yaml"
+        config = config_record(run_dir_of(path))
         if not config.is_file():
             raise ConfigError(f"{path}: the checkpoint does not say which task wrote it and there is no {config}")
         name = OmegaConf.load(config).model._target_
     cls = get_class(name)
-    if not (isinstance(cls, type) and issubclass(cls, LLTMTask)):
+    if not (isinstance(cls, type) and issubclass(cls, RecurrentTask)):
         raise ConfigError(f"{path}: {name} is not an lltm-train task")
     return cls
 
 
-def load_task(path: str | Path, backend: str = "auto", device: str | torch.device = "cpu") -> tuple[LLTMTask, dict]:
+def load_task(path: str | Path, backend: str = "auto", device: str | torch.device = "cpu") -> tuple[RecurrentTask, dict]:
     """The task (LightningModule) saved in a checkpoint, in eval mode on ``device``, with its recurrent layers on
     ``backend`` whatever the backend it was trained with (every backend of a cell has the same parameters); a
     checkpoint of a compiled model (``model.compile=true``) loads uncompiled. Also returns the checkpoint.

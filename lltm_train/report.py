@@ -26,6 +26,9 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
+from .run_files import (CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV, TENSORBOARD,
+                        config_record, overrides_record)
+
 # wall_s: seconds of training to the last logged value (time/train_seconds; else from the run's first log);
 # tokens_per_s: the run's average; at_seconds: the metric at --at-seconds (the last validation by then)
 COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "at_seconds",
@@ -85,10 +88,10 @@ def _yaml(path: Path):
 def find_runs(root: Path) -> list[Path]:
     """Run folders under ``root`` (itself included): those with a ``.hydra`` folder, TensorBoard events, a
     CSV logger's metrics or an MLflow store."""
-    found = {p.parent for p in root.rglob(".hydra") if p.is_dir()}
-    found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == "tensorboard"}
-    found |= {p.parent.parent for p in root.rglob("metrics.csv") if p.parent.name == "csv"}
-    found |= {p.parent for p in root.rglob("mlflow.db")}
+    found = {p.parent for p in root.rglob(HYDRA) if p.is_dir()}
+    found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == TENSORBOARD}
+    found |= {p.parent.parent for p in root.rglob(METRICS_CSV) if p.parent.name == CSV}
+    found |= {p.parent for p in root.rglob(MLFLOW_DB)}
     return sorted(found)
 
 
@@ -98,25 +101,25 @@ def read_run(path: Path) -> Run:
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its reader logs each file it moves to
     run = Run(path)
-    overrides = _yaml(path / ".hydra" / "overrides.yaml") or []
+    overrides = _yaml(overrides_record(path)) or []
     run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra."))
-    config = _yaml(path / ".hydra" / "config.yaml") or {}
-    hparams = _yaml(path / "tensorboard" / "hparams.yaml") or _yaml(path / "csv" / "hparams.yaml") or {}
-    if not hparams and (path / "mlflow.db").is_file():
-        hparams = _mlflow_params(path / "mlflow.db")
+    config = _yaml(config_record(path)) or {}
+    hparams = _yaml(path / TENSORBOARD / HPARAMS) or _yaml(path / CSV / HPARAMS) or {}
+    if not hparams and (path / MLFLOW_DB).is_file():
+        hparams = _mlflow_params(path / MLFLOW_DB)
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
     if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
     run.cell = str((config.get("model") or {}).get("cell", ""))
     run.parameters = hparams.get("num_parameters")
     run.optimized_metric = config.get("optimized_metric")
-    if (path / "csv" / "metrics.csv").is_file():
-        run.curves = _csv_curves(path / "csv")
-    elif (path / "mlflow.db").is_file():
-        run.curves = _mlflow_curves(path / "mlflow.db")
+    if (path / CSV / METRICS_CSV).is_file():
+        run.curves = _csv_curves(path / CSV)
+    elif (path / MLFLOW_DB).is_file():
+        run.curves = _mlflow_curves(path / MLFLOW_DB)
         run.started = min((t for c in run.curves.values() for _, t, _ in c), default=None)
-    if (path / "tensorboard").is_dir():
-        acc = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0})
+    if (path / TENSORBOARD).is_dir():
+        acc = EventAccumulator(str(path / TENSORBOARD), size_guidance={"scalars": 0})
         acc.Reload()
         try:
             run.started = acc.FirstEventTimestamp()
@@ -126,12 +129,12 @@ def read_run(path: Path) -> Run:
             run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
     max_steps = (config.get("trainer") or {}).get("max_steps")
     last_step = max((s for c in run.curves.values() for s, _, _ in c), default=None)
-    if (path / "diverged.txt").is_file():  # model.divergence: warn (it finished) or stop (it also failed)
-        first = (path / "diverged.txt").read_text().splitlines()[:1]
-        stopped = (path / "error.txt").is_file()
+    if (path / DIVERGED).is_file():  # model.divergence: warn (it finished) or stop (it also failed)
+        first = (path / DIVERGED).read_text().splitlines()[:1]
+        stopped = (path / ERROR).is_file()
         run.status = ("diverged, stopped: " if stopped else "diverged: ") + (first[0] if first else "")
-    elif (path / "error.txt").is_file():
-        first = (path / "error.txt").read_text().splitlines()[:1]
+    elif (path / ERROR).is_file():
+        first = (path / ERROR).read_text().splitlines()[:1]
         run.status = "failed: " + (_shortened(first[0]) if first else "")
     elif not run.curves and "logger" in config and not config["logger"]:
         run.status = "not logged (logger=none)"
@@ -146,26 +149,23 @@ def read_run(path: Path) -> Run:
 def _spent_its_time_budget(config: dict, curves: dict) -> bool:
     """Whether a run with ``trainer.max_time`` trained for (nearly) all of it: it ended on time, before its
     ``max_steps``."""
-    from omegaconf import OmegaConf
-
-    from .config import ConfigError
-    from .train import _max_time
+    from .config import ConfigError, max_time_seconds  # imported here: it imports torch, which lltm-report never needs
 
     try:
-        budget = _max_time(OmegaConf.create({"max_time": (config.get("trainer") or {}).get("max_time")}))
+        budget = max_time_seconds((config.get("trainer") or {}).get("max_time"))
     except (ConfigError, ValueError):
         return False
     trained = [value for _, _, value in curves.get("time/train_seconds", [])]
-    return bool(budget) and bool(trained) and max(trained) >= 0.95 * budget["max_time"].total_seconds()
+    return budget is not None and bool(trained) and max(trained) >= 0.95 * budget
 
 
 def _csv_curves(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
     """Lightning's CSVLogger files of a run as curves: tag -> (step, nan (no wall time), value). The first
     run's ``csv/metrics.csv``, then each resume's ``csv/resumed_step<N>/metrics.csv``, whose values replace
     the earlier ones from step N on (what the resumed run logged again)."""
-    resumed = sorted(folder.glob("resumed_step*/metrics.csv"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))
+    resumed = sorted(folder.glob(f"{RESUMED_CSV}*/{METRICS_CSV}"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))
     curves: dict[str, dict[int, float]] = {}
-    for path in [folder / "metrics.csv", *resumed]:
+    for path in [folder / METRICS_CSV, *resumed]:
         if path.parent != folder:  # a resume: what the earlier files hold from its step on is superseded
             start = int(re.sub(r"\D", "", path.parent.name) or 0)
             curves = {tag: {s: v for s, v in points.items() if s < start} for tag, points in curves.items()}
@@ -310,7 +310,7 @@ def markdown(rows: list[dict], metric: str, at_seconds: float | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
-def _at_seconds_notes(runs: list[Run], rows: list[dict], metric: str, seconds: float) -> str:
+def at_seconds_notes(runs: list[Run], rows: list[dict], metric: str, seconds: float) -> str:
     """What a ranking at ``seconds`` cannot say by itself: runs that had not validated by then, and runs whose
     training ended before then (their value is their final one)."""
     lines = []
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
     plots = plot(runs, a.metric, out)
     better = "higher" if higher_is_better(a.metric) else "lower"
     by = f"the {a.metric} reached within {a.at_seconds:g} s of training" if a.at_seconds else f"the final {a.metric}"
-    notes = _at_seconds_notes(runs, rows, a.metric, a.at_seconds) if a.at_seconds else ""
+    notes = at_seconds_notes(runs, rows, a.metric, a.at_seconds) if a.at_seconds else ""
     (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by {by} ({better} is better; finished runs "
                                    f"only).\n\n{table}\n{notes}"
                                    + _optuna_summary(root)

@@ -14,10 +14,11 @@ class DDPStrategy(LightningDDPStrategy):
     streams for each parameter, and torch >= 2.11 warns "The AccumulateGrad node's stream does not match"
     once per run. Built on the current stream, the wrapper and the steps share one.
 
-    Keyword arguments are DDPStrategy's, and through it ``DistributedDataParallel``'s. Two of those default
-    to True here: ``static_graph`` (the models use every parameter in every step, so DDP can plan its
-    all-reduces once; it does not support gradient accumulation, for which lltm-train turns it off) and ``gradient_as_bucket_view`` (gradients live in the communication buckets, one copy
-    fewer). With them the default job on two H200s went from 1.38x to 1.59x one H200's tokens/s (BENCHMARKS.md).
+    Keyword arguments are DDPStrategy's, and through it ``DistributedDataParallel``'s. Two of those default to True
+    here: ``static_graph`` (the models use every parameter in every step, so DDP can plan its all-reduces once; it
+    does not support gradient accumulation, for which lltm-train turns it off) and ``gradient_as_bucket_view``
+    (gradients live in the communication buckets, one copy fewer). With them the default job on two H200s went from
+    1.38x to 1.59x one H200's tokens/s (benchmarks/log/2026-11-30_two-gpus-ddp.md).
     """
 
     def __init__(self, *args, **kwargs) -> None:

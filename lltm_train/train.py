@@ -1,12 +1,12 @@
-"""One training run from a composed config: build the data, task, callbacks, logger and Trainer, then fit."""
+"""One training run from a composed config: build the data, task, callbacks, logger and Trainer (:func:`build`),
+then fit (:func:`train`)."""
 
 from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
-import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -17,14 +17,16 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from . import run_files
 from .backends import resolve_backend
 from .callbacks import Throughput
 from .checkpoints import check_fits, resolve_checkpoint, slurm_requeued
-from .config import ConfigError, check_config
+from .config import ConfigError, check_config, max_time_seconds
 from .data import SequenceDataModule
 from .host_memory import keep_freed_memory
+from .ops.cells import CELLS
 from .strategies import DDPStrategy
-from .tasks import LLTMTask
+from .tasks import RecurrentTask
 from .tasks.budget import unfinished_schedule
 from .tb_views import describe_run, end_run, metric_tags
 
@@ -34,13 +36,13 @@ info = rank_zero_only(log.info)  # once, not once per DDP process
 
 def _check_kind(cfg: DictConfig, datamodule: SequenceDataModule) -> None:
     """The model group's task must train on the kind of data the data set poses."""
-    task_class, kind = get_class(cfg.model._target_), datamodule.task.kind
+    task_class, kind = get_class(cfg.model._target_), datamodule.problem.kind
     if kind not in getattr(task_class, "kinds", (kind,)):
         raise ConfigError(f"model: {task_class.__name__} trains on {' or '.join(task_class.kinds)} data, but "
                           f"{type(datamodule).__name__} poses {kind}; leave model= to the data set's default")
 
 
-def _check_run(cfg: DictConfig, trainer: L.Trainer, task: LLTMTask) -> None:
+def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None:
     """Settings that Lightning or PyTorch would only reject part-way through a run."""
     optimizer = task.optimizer_factory(task.parameters())  # rejects, e.g., a negative learning rate
     if task.scheduler_factory is not None:
@@ -105,7 +107,7 @@ def _logger_resume_args(logger_cfg: DictConfig, resumed_step: int | None) -> dic
     if target is TensorBoardLogger:
         return {"purge_step": resumed_step}
     if target is CSVLogger:
-        return {"version": f"resumed_step{resumed_step}"}
+        return {"version": run_files.resumed_csv_version(resumed_step)}
     return {}
 
 
@@ -119,30 +121,10 @@ def _batches_per_step(trainer_cfg: DictConfig) -> dict:
 
 
 def _max_time(trainer_cfg: DictConfig) -> dict:
-    """``trainer.max_time``, checked and given to Lightning as a timedelta: seconds (``trainer.max_time=90``),
-    "DD:HH:MM:SS", or a dict of timedelta's keys such as {minutes: 5}."""
-    value = trainer_cfg.get("max_time")
-    if value is None:
-        return {}
-    if isinstance(value, DictConfig):
-        value = OmegaConf.to_container(value, resolve=True)
-    units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
-    if isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()):
-        value = dict(zip(units, (int(part) for part in value.strip().split(":"))))
-    seconds = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
-        seconds = float(value)
-    elif isinstance(value, dict) and value and set(value) <= set(units) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
-        seconds = sum(float(v) * units[k] for k, v in value.items())
-    if seconds is None:
-        raise ConfigError(f"trainer.max_time: expected seconds (e.g. 600), DD:HH:MM:SS or a dict such as {{minutes: 5}}, "
-                          f"got {value!r}")
-    if not (seconds > 0 and math.isfinite(seconds) and seconds < 1e9):
-        raise ConfigError(f"trainer.max_time must be a positive, finite time under 30 years, got {value!r} ({seconds:g} s)")
-    return {"max_time": datetime.timedelta(seconds=seconds)}
+    """``trainer.max_time``, checked (:func:`lltm_train.config.max_time_seconds`) and given to Lightning as a
+    timedelta."""
+    seconds = max_time_seconds(trainer_cfg.get("max_time"))
+    return {} if seconds is None else {"max_time": datetime.timedelta(seconds=seconds)}
 
 
 def _strategy(trainer_cfg: DictConfig) -> dict:
@@ -157,19 +139,44 @@ def _strategy(trainer_cfg: DictConfig) -> dict:
     return {"strategy": DDPStrategy(static_graph=(trainer_cfg.get("accumulate_grad_batches") or 1) == 1)}
 
 
-def _prepare(cfg: DictConfig):
-    """Everything before training; any error here is a configuration error, reported before a step runs."""
+@dataclass(frozen=True)
+class Built:
+    """A run made from a config by :func:`build`, ready to fit: ``built.trainer.fit(built.task,
+    datamodule=built.datamodule, ckpt_path=built.ckpt_path)``.
+
+    Attributes:
+        datamodule: the data set, set up for fitting.
+        task: the model group's LightningModule, sized for the data set.
+        trainer: the Lightning Trainer, with the callbacks, the logger, the strategy and the time budget.
+        callbacks: the config's callbacks given to the Trainer (``cfg.callbacks``; the learning-rate monitor
+            left out when there is no logger).
+        backend_used: the backend the cells run on (``backend=auto`` resolved for the Trainer's device).
+        ckpt_path: the checkpoint the run resumes from (``ckpt_path``, ``last`` resolved), or None.
+    """
+
+    datamodule: SequenceDataModule
+    task: RecurrentTask
+    trainer: L.Trainer
+    callbacks: tuple[L.Callback, ...]
+    backend_used: str
+    ckpt_path: str | None
+
+
+def build(cfg: DictConfig) -> Built:
+    """Everything before training: checks the config and builds the data, the task, the callbacks, the logger
+    and the Trainer. Any error here is a configuration error, reported before a step runs (:func:`train`
+    reports each as a :class:`~lltm_train.config.ConfigError`)."""
     check_config(cfg)
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule: SequenceDataModule = instantiate(cfg.dataset)
     datamodule.setup("fit")
     _check_kind(cfg, datamodule)
-    spec = datamodule.task  # the model group's LightningModule, given the data set's sizes:
+    spec = datamodule.problem  # the model group's LightningModule, given the data set's sizes:
     stateful = {"stateful": True} if spec.stateful else {}  # only token data sets are read as streams
-    task: LLTMTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
+    task: RecurrentTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
-    ckpt = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir) / "checkpoints", requeued=slurm_requeued())
+    ckpt = resolve_checkpoint(cfg.ckpt_path, run_files.checkpoint_dir(cfg.paths.output_dir), requeued=slurm_requeued())
     resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
     if cfg.logger and str(cfg.logger.get("_target_", "")).endswith("MLFlowLogger"):
         try:
@@ -196,7 +203,7 @@ def _prepare(cfg: DictConfig):
         raise ConfigError(f"backend={cfg.backend}: {exc} (set trainer.accelerator to match)") from None
     if trainer.strategy.root_device.type == "cpu":  # each step's large tensors reuse resident pages
         keep_freed_memory()
-    return datamodule, task, trainer, backend_used, ckpt
+    return Built(datamodule, task, trainer, tuple(callbacks), backend_used, ckpt)
 
 
 def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
@@ -222,11 +229,11 @@ def _save_final_state(trainer: L.Trainer, checkpoint_dir: Path) -> None:
         for counts in (batches["current"], batches["total"]):
             counts["completed"] -= 1
     loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
-    trainer.strategy.save_checkpoint(ckpt, checkpoint_dir / "last.ckpt")
+    trainer.strategy.save_checkpoint(ckpt, checkpoint_dir / run_files.LAST_CHECKPOINT)
     trainer.strategy.barrier("lltm_train_final_checkpoint")
 
 
-def _needs_final_validation(trainer: L.Trainer, task: LLTMTask) -> bool:
+def _needs_final_validation(trainer: L.Trainer, task: RecurrentTask) -> bool:
     """True when training stopped between validations, so the run would end without a final figure."""
     return (not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run
             and trainer.limit_val_batches != 0 and task.last_validated_step != trainer.global_step)
@@ -235,14 +242,16 @@ def _needs_final_validation(trainer: L.Trainer, task: LLTMTask) -> bool:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Runs one job; returns the final callback metrics (e.g. ``val/loss``) as floats."""
     try:
-        datamodule, task, trainer, backend_used, ckpt = _prepare(cfg)
+        built = build(cfg)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - anything failing before training is a bad setting
         message = str(exc.__cause__ or exc).strip().splitlines()
         raise ConfigError(f"{type(exc.__cause__ or exc).__name__}: {' '.join(line.strip() for line in message)}") from exc
+    datamodule, task, trainer, backend_used, ckpt = (built.datamodule, built.task, built.trainer, built.backend_used,
+                                                     built.ckpt_path)
     output_dir = Path(cfg.paths.output_dir)
-    names = task.logged_metrics(datamodule.task)
+    names = task.logged_metrics(datamodule.problem)
     tags = metric_tags(names, bool(cfg.test), trainer.strategy.root_device.type == "cuda")
     optimized = cfg.get("optimized_metric")
     if optimized and optimized not in tags:
@@ -255,7 +264,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         logger.log_hyperparams(params)
     for logger in tensorboards:  # the HPARAMS tab's row of this run, and the custom-scalars page
         describe_run(logger, params, tags, names)
-    backend = f"backend {backend_used}" if backend_used != "torch" else f"backend torch (torch.nn.{cfg.model.cell.upper()})"
+    backend = f"backend {backend_used}" if backend_used != "torch" else f"backend torch ({CELLS[cfg.model.cell].torch_label})"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
@@ -275,7 +284,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Trainer, ckpt: str | None,
+def _fit_and_test(cfg: DictConfig, datamodule, task: RecurrentTask, trainer: L.Trainer, ckpt: str | None,
                   output_dir: Path) -> None:
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     if ckpt is not None and task.clock.this_run(trainer.global_step)[0] == 0 and not trainer.interrupted:
@@ -284,7 +293,7 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
         info(f"lltm-train: nothing left to train at step {trainer.global_step} (raise trainer.max_steps or "
              "trainer.max_time to go on); the checkpoint and the logs are unchanged")
     else:
-        _save_final_state(trainer, output_dir / "checkpoints")
+        _save_final_state(trainer, run_files.checkpoint_dir(output_dir))
         if not trainer.interrupted and trainer.state.finished and not trainer.fast_dev_run and task.scheduler_factory:
             note = unfinished_schedule(trainer, task.clock)
             if note:
@@ -299,7 +308,7 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
         # The best checkpoint of this run, if it is still on disk; else the weights at the end of training.
         # (A resume from another run's file inherits that run's best path: never this run's to test.)
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        own = Path(output_dir, "checkpoints").resolve()
+        own = run_files.checkpoint_dir(output_dir).resolve()
         if best and (not Path(best).is_file() or Path(best).resolve().parent != own):
             where = "is gone" if not Path(best).is_file() else f"is not this run's (it is in {Path(best).parent})"
             log.warning(f"lltm-train: the best checkpoint {best} {where}; testing the final weights")
@@ -307,11 +316,11 @@ def _fit_and_test(cfg: DictConfig, datamodule, task: LLTMTask, trainer: L.Traine
         trainer.test(task, datamodule=datamodule, ckpt_path=best or None)
 
 
-def _record_divergence(task: LLTMTask, trainer: L.Trainer, output_dir: Path) -> None:
+def _record_divergence(task: RecurrentTask, trainer: L.Trainer, output_dir: Path) -> None:
     """``diverged.txt`` in the run's folder when the run diverged (model.divergence): one line, the reason,
     which lltm-report and a sweep's summary read."""
     if task.diverged and trainer.is_global_zero:
-        (output_dir / "diverged.txt").write_text(f"{task.diverged} (model.divergence={task.divergence})\n")
+        (output_dir / run_files.DIVERGED).write_text(f"{task.diverged} (model.divergence={task.divergence})\n")
 
 
 def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> None:
@@ -327,5 +336,5 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
          + (f"\n  best checkpoint: {best}" if best else "")
          + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"
             if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers) else "")
-         + (f"\n  MLflow: mlflow ui --backend-store-uri sqlite:///{output_dir / 'mlflow.db'}"
+         + (f"\n  MLflow: mlflow ui --backend-store-uri sqlite:///{output_dir / run_files.MLFLOW_DB}"
             if any(isinstance(lg, MLFlowLogger) for lg in trainer.loggers) else ""))

@@ -26,7 +26,7 @@ GRID = [  # (dtype, hidden_size, batch sizes)
 def _measure(cells: list[str]) -> list[dict]:
     import torch
 
-    from lltm_train.bench import measure
+    from lltm_train.bench.common import measure
     from lltm_train.functional import rnn_layer
     from lltm_train.ops.cells import CELLS
 

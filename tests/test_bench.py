@@ -1,5 +1,5 @@
-"""lltm-bench: the scaling sweep, the best-dtype table and the inference figures (the figures themselves live in
-BENCHMARKS.md)."""
+"""lltm-bench: the scaling sweep, the best-dtype table, the inference figures and the check before timing (the
+figures themselves live in BENCHMARKS.md and benchmarks/log/)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import json
 import pytest
 import torch
 
-from lltm_train.bench import main
-from lltm_train.bench_sweep import growth_exponent, saved_for_backward_mib
+from lltm_train.bench import common, main, training as bench_training
+from lltm_train.bench.best import format_table
+from lltm_train.bench.common import baseline_label
+from lltm_train.bench.sweep import growth_exponent, saved_for_backward_mib
 from lltm_train.host_memory import ENVIRONMENT, glibc_version
+from lltm_train.ops.cells import CELLS
 
 
 @pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
@@ -78,8 +81,6 @@ def test_sizes_that_do_not_fit_in_memory_end_the_sweep_and_keep_the_points_measu
 
 
 def test_the_best_dtype_table_credits_each_contender_with_its_fastest_dtype():
-    from lltm_train.bench_best import format_table
-
     def row(cell, baseline, theirs, ours):
         best = lambda d: list(max(((v, k) for k, v in d.items())))  # noqa: E731
         return {"config": "gpu-S", "cell": cell, "backend": "cuda", "baseline": baseline,
@@ -131,9 +132,22 @@ def test_inference_goes_with_layers_in_one_dtype(argv, capsys):
     assert exit_.value.code == 2 and "--inference times" in capsys.readouterr().err
 
 
-def test_training_figures_are_medians_of_alternated_runs(monkeypatch, capsys):
-    from lltm_train import bench_training
+def test_each_cell_is_timed_against_its_main_baselines_torch_nn_layer():
+    assert {name: baseline_label(CELLS[name]) for name in ("lltm", "lstm", "gru")} == \
+        {"lltm": "nn.LSTM", "lstm": "nn.LSTM", "gru": "nn.GRU"}
 
+
+def test_the_training_contenders_come_from_the_cell_registry():
+    """On a GPU every cell on cuda, each followed by PyTorch's where it has the cell; on a CPU the LLTM and its
+    main baseline."""
+    cuda = bench_training.CONTENDERS["cuda"]
+    assert cuda[:5] == [("lltm", "cuda"), ("lstm", "cuda"), ("lstm", "torch"), ("gru", "cuda"), ("gru", "torch")]
+    assert cuda == [(name, backend) for name, spec in CELLS.items()
+                    for backend in ("cuda", *(["torch"] if spec.has_torch else []))]
+    assert bench_training.CONTENDERS["cpu"] == [("lltm", "cpp"), ("lstm", "cpp"), ("lstm", "torch")]
+
+
+def test_training_figures_are_medians_of_alternated_runs(monkeypatch, capsys):
     calls, paces = [], iter([5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 7.0, 6.0, 8.0, 1.0, 2.0, 3.0] * 3)
 
     def run(cell, backend, device, steps, *overrides):
@@ -155,3 +169,25 @@ def test_training_figures_are_medians_of_alternated_runs(monkeypatch, capsys):
     assert [overrides for cell, overrides in calls if cell == "lstm"] == [()] * 3
     assert rows[1]["lltm_train"] == 5.0 and rows[1]["runs"] == {"lltm_train": [5.0, 1.0, 9.0]}
     assert "bf16-mixed 7 (1.40x), compile 3 (0.60x) (medians of 3 alternated runs)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_check_before_timing_falls_back_to_float64_and_stops_a_wrong_backend(monkeypatch, dtype):
+    """float32 within 1e-3 of python passes as it is; beyond that (TF32 in a cell whose derivative is a step) and
+    in 16-bit dtypes, the error against float64 decides: within 4x python's passes, beyond stops the bench."""
+    figures = {}
+
+    def fake(*args, against_float64=None):
+        return figures["float64" if against_float64 or dtype != torch.float32 else "float32"]
+
+    monkeypatch.setattr(common, "check_against_python", fake)
+    args = ("gpu-S", 8, 2, 3, 4, "cpu", dtype, "cpp", CELLS["rnn_relu"])
+    if dtype == torch.float32:
+        figures.update(float32=5e-4, float64=100.0)
+        assert common.checked_against_python(*args) == 5e-4
+    figures.update(float32=3e-3, float64=2.5)
+    assert common.checked_against_python(*args) == 2.5
+    figures.update(float32=3e-3, float64=9.0)
+    with pytest.raises(SystemExit, match=r"cpp differs from python on gpu-S \(rnn_relu, .*\): .*error against "
+                                         r"float64 9.00x python's > 4x"):
+        common.checked_against_python(*args)

@@ -12,11 +12,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lltm_train.config import ConfigError
-from lltm_train.report import Run, main as report_main, pareto_front, read_run, summarise
+from helpers import make_cfg, run
+from lltm_train.config import ConfigError, max_time_seconds
+from lltm_train.report import Run, at_seconds_notes, main as report_main, pareto_front, read_run, summarise
 from lltm_train.train import train
-from test_preemption import run
-from test_training import make_cfg
 
 SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1"]
 
@@ -136,10 +135,8 @@ def test_a_bad_time_budget_is_one_line(tmp_path, value, message):
 @pytest.mark.parametrize("value, seconds", [("90", 90), ("2.5", 2.5), ("'00:01:00:05'", 3605), ("{minutes: 1.5}", 90),
                                             ("{hours: 1, seconds: 2}", 3602)])
 def test_every_form_of_time_budget_is_understood(tmp_path, value, seconds):
-    from lltm_train.train import _max_time
-
     cfg = make_cfg(tmp_path, f"trainer.max_time={value}")
-    assert _max_time(cfg.trainer)["max_time"].total_seconds() == seconds
+    assert max_time_seconds(cfg.trainer.max_time) == seconds
 
 
 def _run(seconds_values: list[tuple[float, float]]) -> Run:
@@ -164,13 +161,11 @@ def test_ranking_at_equal_seconds_and_the_pareto_front():
 
 
 def test_a_ranking_at_seconds_says_which_runs_it_cannot_judge_there():
-    from lltm_train.report import _at_seconds_notes
-
     fast = _run([(5, 3.0), (10, 2.5), (20, 2.4)])
     slow = _run([(8, 3.2), (16, 2.6), (30, 2.1)])
-    early = _at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=1), "val/bpc", 1)
+    early = at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=1), "val/bpc", 1)
     assert early == "No run had logged val/bpc by 1 s of training (the earliest did at 5 s).\n\n"
-    late = _at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=25), "val/bpc", 25)
+    late = at_seconds_notes([fast, slow], summarise([fast, slow], "val/bpc", at_seconds=25), "val/bpc", 25)
     assert late == f"Trained for less than 25 s, ranked by their final val/bpc: {fast.path.name}.\n\n"
 
 

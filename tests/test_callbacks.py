@@ -12,7 +12,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lltm_train.callbacks import Throughput
-from lltm_train.data import Batch, SequenceDataModule, TaskSpec
+from lltm_train.data import Batch, Problem, SequenceDataModule
 from lltm_train.tasks import ClassificationTask
 
 BATCH = 3
@@ -24,7 +24,7 @@ class VariableLengths(SequenceDataModule):
     def __init__(self, n: int = 60) -> None:
         super().__init__(batch_size=BATCH)
         self.n = n
-        self.task = TaskSpec("classification", 2, 3)
+        self.problem = Problem("classification", 2, 3)
 
     def build(self) -> None:
         g = torch.Generator().manual_seed(0)

@@ -12,9 +12,10 @@ from conftest import CUDA_READY, CUDA_SKIP_REASON
 from lltm_train import nn as fused
 from lltm_train.data.base import Batch
 from lltm_train.models import CharLM
+from lltm_train.ops.cells import CELLS
 from lltm_train.tasks.captured import CapturedStep
-from lltm_train.train import _prepare
-from test_training import LossRecorder, make_cfg
+from helpers import LossRecorder, make_cfg
+from lltm_train.train import build
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)]
 # Weights after a dozen AdamW steps at lr 0.01, captured against eager: the captured step's optimiser is
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_S
 # bits; Adam's g / (sqrt(v) + eps) turns that into up to 6e-6 on a weight whose gradients are near zero (H200,
 # 2026-12-01). 1e-4 is 1% of one step: a skipped, repeated or stale-lr step moves weights by about 1e-2.
 WEIGHT_ATOL = 1e-4
-MODULES = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}
+MODULES = {name: (lambda *a, _n=name, **k: fused.recurrent_layers(_n, *a, **k)) for name in CELLS}
 
 
 @pytest.mark.parametrize("cell", list(MODULES))
@@ -84,7 +85,7 @@ def _train(cell: str, backend: str, batches: list[Batch], captured: bool):
     return losses, [p.detach().clone() for p in params], runner
 
 
-@pytest.mark.parametrize("cell, backend", [("lltm", "cuda"), ("lstm", "cuda"), ("gru", "cuda"), ("lstm", "torch")])
+@pytest.mark.parametrize("cell, backend", [*((c, "cuda") for c in CELLS), ("lstm", "torch"), ("rnn_relu", "torch")])
 def test_captured_steps_train_as_eager_steps_through_shape_changes(cell, backend):
     """A capture per shape at its first batch (after warm-up steps that leave no trace), replays from then
     on, a shape beyond max_graphs (eager): the same losses and weights as eager training (dropout's random
@@ -99,7 +100,7 @@ def test_captured_steps_train_as_eager_steps_through_shape_changes(cell, backend
         assert_close(a, b, rtol=1e-5, atol=WEIGHT_ATOL)
 
 
-@pytest.mark.parametrize("cell, backend", [("lltm", "cuda"), ("gru", "cuda"), ("lstm", "torch")])
+@pytest.mark.parametrize("cell, backend", [("lltm", "cuda"), ("gru", "cuda"), ("rnn", "cuda"), ("lstm", "torch")])
 def test_lltm_train_captures_the_step_and_trains_as_the_eager_step(tmp_path, cell, backend):
     """Through lltm-train (Lightning): model.cuda_graph=true replays every step, gives the losses and final
     weights of model.cuda_graph=false, and callbacks still see each step's loss."""
@@ -110,7 +111,8 @@ def test_lltm_train_captures_the_step_and_trains_as_the_eager_step(tmp_path, cel
               f"model.num_layers={1 if backend == 'torch' else 2}"]
     runs = {}
     for graph in ("true", "false"):
-        datamodule, task, trainer, _, _ = _prepare(make_cfg(tmp_path / graph, *common, f"model.cuda_graph={graph}"))
+        built = build(make_cfg(tmp_path / graph, *common, f"model.cuda_graph={graph}"))
+        datamodule, task, trainer = built.datamodule, built.task, built.trainer
         recorder = LossRecorder()
         trainer.callbacks.append(recorder)
         trainer.fit(task, datamodule=datamodule)
@@ -130,7 +132,8 @@ def test_lltm_train_captures_the_step_and_trains_as_the_eager_step(tmp_path, cel
 def test_a_step_that_cannot_be_captured_says_why_in_one_line_and_trains_eagerly(tmp_path, caplog, overrides, reason):
     cfg = make_cfg(tmp_path, "dataset.seq_len=16", "dataset.batch_size=4", "trainer.accelerator=gpu", "backend=cuda",
                    "trainer.max_steps=4", "trainer.val_check_interval=4", "trainer.limit_val_batches=1", *overrides)
-    datamodule, task, trainer, _, _ = _prepare(cfg)
+    built = build(cfg)
+    datamodule, task, trainer = built.datamodule, built.task, built.trainer
     with caplog.at_level("INFO", logger="lltm_train"):
         trainer.fit(task, datamodule=datamodule)
     lines = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
@@ -147,7 +150,8 @@ def test_a_compiled_network_is_captured_and_trains_as_eager(tmp_path):
     runs = {}
     for graph in ("true", "false"):
         torch._dynamo.reset()
-        datamodule, task, trainer, _, _ = _prepare(make_cfg(tmp_path / graph, *common, f"model.cuda_graph={graph}"))
+        built = build(make_cfg(tmp_path / graph, *common, f"model.cuda_graph={graph}"))
+        datamodule, task, trainer = built.datamodule, built.task, built.trainer
         recorder = LossRecorder()
         trainer.callbacks.append(recorder)
         trainer.fit(task, datamodule=datamodule)

@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import make_cfg
 from lltm_train.models import CharLM
 from lltm_train.tasks.captured import unchanged
+from lltm_train.train import build
 
 
 def _setup():
@@ -77,10 +79,7 @@ def test_unchanged_restores_in_place():
 def test_torch_nn_layers_with_dropout_between_them_are_not_captured(tmp_path, overrides, refused):
     """cuDNN's dropout between layers re-seeds itself with a host synchronisation after the capture's warm-up
     restores the random-number state (a capture then fails, H200): such models train eagerly, named."""
-    from lltm_train.train import _prepare
-    from test_training import make_cfg
-
-    _, task, _, _, _ = _prepare(make_cfg(tmp_path, "trainer.accelerator=cpu", *overrides))
+    task = build(make_cfg(tmp_path, "trainer.accelerator=cpu", *overrides)).task
     reason = task.capture_refusal()
     assert (reason is not None) == refused
     if refused:

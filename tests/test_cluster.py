@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_preemption import ADDING, run
+from helpers import ADDING, run
 
 TINY = [*ADDING, "dataset.train_size=64", "trainer.val_check_interval=2", "callbacks.progress_bar.refresh_rate=0"]
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from test_preemption import run
-from test_training import make_cfg
-from lltm_train.train import _prepare
+from helpers import make_cfg, run
+from lltm_train.train import build
 
 # 37 validation samples: 19 and 18 for the two processes, in batches of 8, 8, 3 and 8, 8, 2 (a sampler that
 # pads would count one sample twice). No dropout: the two layouts then compute the same thing.
@@ -51,8 +50,8 @@ def test_ddp_trains_as_one_process_with_the_global_batch_and_validates_every_sam
 
     # Its final validation equals one process's evaluation of its final checkpoint.
     ckpt = ddp / "checkpoints" / "last.ckpt"
-    datamodule, task, trainer, _, _ = _prepare(make_cfg(tmp_path / "eval", *COMMON, "dataset.batch_size=8"))
-    [evaluated] = trainer.validate(task, datamodule=datamodule, ckpt_path=str(ckpt), verbose=False)
+    built = build(make_cfg(tmp_path / "eval", *COMMON, "dataset.batch_size=8"))
+    [evaluated] = built.trainer.validate(built.task, datamodule=built.datamodule, ckpt_path=str(ckpt), verbose=False)
     assert abs(evaluated["val/loss"] - scalars(ddp, "val/loss")[-1][1]) <= 1e-6 * evaluated["val/loss"] + 1e-7
 
     # The DDP checkpoint resumes on one process: on from step 12, after the samples already trained.
@@ -80,9 +79,9 @@ def test_ddp_is_lltm_trains_strategy_with_a_static_graph_unless_gradients_accumu
     from lltm_train.strategies import DDPStrategy
 
     for extra, static in ((["trainer.devices=2"], True), (["trainer.strategy=ddp", "+trainer.accumulate_grad_batches=2"], False)):
-        trainer = _prepare(make_cfg(tmp_path, "dataset=adding", *extra))[2]
+        trainer = build(make_cfg(tmp_path, "dataset=adding", *extra)).trainer
         assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._ddp_kwargs["static_graph"] is static
-    assert not isinstance(_prepare(make_cfg(tmp_path, "dataset=adding"))[2].strategy, DDPStrategy)
+    assert not isinstance(build(make_cfg(tmp_path, "dataset=adding")).trainer.strategy, DDPStrategy)
 
 
 @pytest.mark.slow
@@ -115,7 +114,7 @@ def test_a_signal_to_any_ddp_process_stops_all_at_one_step_with_one_checkpoint(t
     process is left waiting for the other."""
     rank_override = [f"+callbacks.signal_at.rank={rank}"] if rank is not None else []
     result = run(tmp_path, *COMMON, *DDP, "trainer.max_steps=400", "trainer.val_check_interval=200",
-                 "trainer.log_every_n_steps=4", "hydra.run.dir=run", "+callbacks.signal_at._target_=test_preemption.SignalAt",
+                 "trainer.log_every_n_steps=4", "hydra.run.dir=run", "+callbacks.signal_at._target_=helpers.SignalAt",
                  "+callbacks.signal_at.step=5", f"+callbacks.signal_at.signum={int(signum)}", *rank_override)
     assert result.returncode == status, result.stderr[-3000:]
     assert f"stopped by {signal.Signals(signum).name}" in result.stderr
@@ -131,7 +130,7 @@ def test_multi_process_settings_that_would_hang_or_lose_state_are_refused_before
     from lltm_train.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        _prepare(make_cfg(tmp_path, "dataset=adding", "dataset.train_size=64", "dataset.test_size=16", *settings))
+        build(make_cfg(tmp_path, "dataset=adding", "dataset.train_size=64", "dataset.test_size=16", *settings))
 
 
 def test_ddp_in_a_local_submitit_job_is_refused(tmp_path, monkeypatch):
@@ -140,4 +139,4 @@ def test_ddp_in_a_local_submitit_job_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "1")
     monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "1")
     with pytest.raises(ConfigError, match="hydra/launcher=local runs one process a job"):
-        _prepare(make_cfg(tmp_path, "dataset=adding", "trainer.devices=2"))
+        build(make_cfg(tmp_path, "dataset=adding", "trainer.devices=2"))

@@ -12,9 +12,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
-from test_training import make_cfg
+from helpers import make_cfg
 from lltm_train.export import TokenModel, TokenModelH, check_in_fresh_process, example_inputs, export, token_model
 from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
+from lltm_train.ops.cells import CELLS
 from lltm_train.train import train
 
 
@@ -37,7 +38,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["lstm", "gru"])
 def cell_checkpoint(request, tmp_path_factory):
-    """The same with the fused LSTM or GRU (trained on its torch.nn baseline for the LSTM: the file moves)."""
+    """The same with the fused LSTM or GRU (trained on its torch.nn baseline for the LSTM: the file moves). The
+    other cells export through the same two interfaces, by whether their state has a c (TokenModel) or not."""
     backend = "torch" if request.param == "lstm" else "cpp"
     return _train_text_model(tmp_path_factory.mktemp(request.param), f"model.cell={request.param}", f"backend={backend}")
 
@@ -105,14 +107,28 @@ def test_each_format_reloads_in_a_fresh_process_with_the_models_outputs(checkpoi
     assert (tmp_path / f"model.{fmt}.pt2.vocab.json").is_file()
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+def test_every_cell_has_the_interface_of_its_state(cell, backend):
+    """TokenModel (h and c) for the cells with a c state, TokenModelH (h alone) for the others, fused or torch.nn's."""
+    from lltm_train.models import CharLM
+
+    if backend == "torch" and not CELLS[cell].has_torch:
+        pytest.skip(f"PyTorch has no {CELLS[cell].title}")
+    model = token_model(CharLM(7, 5, 3, num_layers=2, cell=cell, backend=backend))
+    assert isinstance(model, TokenModel if CELLS[cell].has_cell_state else TokenModelH)
+    logits, *state = model(*example_inputs(model, T=4, B=2))
+    assert logits.shape == (4, 2, 7) and [s.shape for s in state] == [(2, 2, 5)] * len(CELLS[cell].states)
+
+
 @pytest.mark.parametrize("fmt", ["torchscript", "exported"])
 def test_lstm_and_gru_models_export_and_reload(cell_checkpoint, tmp_path, fmt):
-    """An LSTM model (trained on torch.nn.LSTM) exports through the fused cell; a GRU model's files take and
-    return h alone."""
+    """An LSTM model (trained on torch.nn.LSTM) exports through the fused cell; the files of a cell whose state
+    is h alone (the GRU here) take and return h alone."""
     task, ckpt = load_task(cell_checkpoint, "cpp")
     model = token_model(task.net)
-    gru = task.hparams["cell"] == "gru"
-    assert isinstance(model, TokenModelH if gru else TokenModel) and len(example_inputs(model)) == (2 if gru else 3)
+    h_only = not CELLS[task.hparams["cell"]].has_cell_state
+    assert isinstance(model, TokenModelH if h_only else TokenModel) and len(example_inputs(model)) == (2 if h_only else 3)
     path = export(model, fmt, tmp_path / f"model.{fmt}.pt2", vocabulary(ckpt))
     assert check_in_fresh_process(model, fmt, path, T=11, B=4) < 1e-5
 

@@ -17,7 +17,7 @@ CLEARED = (*ENVIRONMENT, "THP_MEM_ALLOC_ENABLE")
 
 # Minor page faults over ten allocations of a 64 MiB tensor, each freed before the next: above glibc's
 # largest dynamic mmap threshold (32 MiB), so by default each is fresh mmap pages (16,384 faults of 4 KiB
-# each). Then the training set-up of a CPU run (_prepare), and the same count again. A fresh process each
+# each). Then the training set-up of a CPU run (build), and the same count again. A fresh process each
 # time: the settings are the process's.
 PROBE = """
 import resource, sys, torch
@@ -30,11 +30,11 @@ def faults():
 before = faults()
 from hydra import compose, initialize_config_dir
 from lltm_train.config import config_dir
-from lltm_train.train import _prepare
+from lltm_train.train import build
 with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
     cfg = compose("config", overrides=[f"paths.output_dir={sys.argv[1]}", "dataset=adding", "dataset.train_size=32",
                                        "model.hidden_size=8", "trainer.accelerator=cpu"])
-_prepare(cfg)
+build(cfg)
 print("FAULTS", before, faults())
 """
 

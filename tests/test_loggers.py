@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from helpers import make_cfg, run
 from lltm_train.config import ConfigError
 from lltm_train.report import main as report_main, read_run
 from lltm_train.train import train
-from test_training import make_cfg
 
 SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1",
          "trainer.max_steps=20", "trainer.val_check_interval=10"]
@@ -58,8 +58,6 @@ def test_the_mlflow_logger_keeps_the_run_in_a_local_store(tmp_path):
 def test_a_resumed_csv_run_keeps_the_first_runs_rows(tmp_path):
     """Lightning's CSV logger would delete the earlier file: the resumed run writes its own, and the report
     reads both, the resumed run's values replacing the earlier ones from its step on."""
-    from test_preemption import run
-
     common = [*SMALL, "logger=csv", "trainer.accelerator=cpu", "hydra.run.dir=run"]
     first = run(tmp_path, *common)
     assert first.returncode == 0, first.stderr[-2000:]

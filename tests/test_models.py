@@ -8,15 +8,18 @@ from torch import nn
 
 from lltm_train.models import CELLS, CharLM, SequenceClassifier, SequenceRegressor, char_lm, recurrent_layer
 from lltm_train import nn as fused
+from lltm_train.ops.cells import CELLS as SPECS
 
 # cell, backend pairs: each cell with its reference and its fused CPU kernels, and the torch.nn baselines
-CELL_BACKENDS = [(c, b) for c in ("lltm", "lstm", "gru") for b in ("python", "cpp", "torch") if (c, b) != ("lltm", "torch")]
+CELL_BACKENDS = [(c, b) for c in CELLS for b in ("python", "cpp", "torch") if b != "torch" or SPECS[c].has_torch]
 CELL_IDS = [f"{c}-{b}" for c, b in CELL_BACKENDS]
 
 
 def layer_params(cell: str, i: int, h: int) -> int:
-    """Parameters of one recurrent layer and direction, from the formulas of each cell."""
-    return {"lltm": 3 * h * (i + h) + 3 * h, "lstm": 4 * h * (i + h) + 8 * h, "gru": 3 * h * (i + h) + 6 * h}[cell]
+    """Parameters of one recurrent layer and direction: G gate blocks of h rows over the input and h, and a
+    bias of G h per bias parameter (the LLTM's one, torch.nn's two)."""
+    spec = SPECS[cell]
+    return spec.num_gates * h * (i + h) + len(spec.biases) * spec.num_gates * h
 
 
 def n_params(module: nn.Module) -> int:
@@ -27,10 +30,12 @@ def n_params(module: nn.Module) -> int:
 def test_recurrent_layer_builds_the_named_cell(cell, backend):
     layer = recurrent_layer(cell, 3, 5, num_layers=2, dropout=0.1, bidirectional=True, backend=backend)
     if backend == "torch":
-        expected_type = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
+        expected_type = getattr(nn, SPECS[cell].torch_module)
     else:
-        expected_type = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU}[cell]
+        drop_ins = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU, "rnn": fused.RNN, "rnn_relu": fused.RNN}
+        expected_type = drop_ins.get(cell, fused.RecurrentLayers)  # a cell with no class of its own: the generic one
     assert type(layer) is expected_type
+    assert getattr(layer, "nonlinearity", "relu" if cell == "rnn_relu" else "tanh") == ("relu" if cell == "rnn_relu" else "tanh")
     assert (layer.input_size, layer.hidden_size, layer.num_layers, layer.bidirectional) == (3, 5, 2, True)
     assert layer.dropout == pytest.approx(0.1)
     out, _ = layer(torch.randn(7, 2, 3))
@@ -51,7 +56,7 @@ def test_char_lm_shapes_and_dtypes(cell, backend):
     assert logits.shape == (6, 3, 11) and logits.dtype == torch.float32
     h = state[0] if isinstance(state, tuple) else state
     assert h.shape == (2, 3, 8)
-    if cell != "gru":
+    if SPECS[cell].has_cell_state:
         assert isinstance(state, tuple) and state[1].shape == (2, 3, 8)
     # num_classes sets the head's width independently of the vocabulary
     model = CharLM(vocab_size=10, hidden_size=8, embedding_dim=5, num_classes=9, cell=cell, backend=backend)
@@ -148,15 +153,15 @@ def test_char_lm_refuses_bidirectional():
 
 
 @pytest.mark.parametrize("build", [
-    lambda: recurrent_layer("rnn", 3, 4),
+    lambda: recurrent_layer("elman", 3, 4),
     lambda: CharLM(10, 8, 4, cell="transformer"),
     lambda: SequenceClassifier(3, 2, 4, cell="LSTM"),
     lambda: SequenceRegressor(3, 2, 4, cell=""),
 ], ids=["recurrent_layer", "CharLM", "SequenceClassifier", "SequenceRegressor"])
 def test_unknown_cell_names_the_choices(build):
-    with pytest.raises(ValueError, match=r"cell must be one of 'lltm', 'lstm', 'gru'"):
+    with pytest.raises(ValueError, match=r"cell must be one of 'lltm', 'lstm', 'gru', 'rnn', 'rnn_relu'"):
         build()
-    assert CELLS == ("lltm", "lstm", "gru")
+    assert CELLS == tuple(SPECS) == ("lltm", "lstm", "gru", "rnn", "rnn_relu")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -225,6 +230,8 @@ def test_lstm_and_lltm_of_the_same_width_parameter_counts():
     lltm = recurrent_layer("lltm", I, H, backend="python")
     lstm = recurrent_layer("lstm", I, H)
     gru = recurrent_layer("gru", I, H)
+    rnn = recurrent_layer("rnn_relu", I, H)
     assert n_params(lltm) == 3 * H * (I + H) + 3 * H == 336
     assert n_params(lstm) == 4 * H * (I + H) + 8 * H == 480
     assert n_params(gru) == 3 * H * (I + H) + 6 * H == 360
+    assert n_params(rnn) == H * (I + H) + 2 * H == 120

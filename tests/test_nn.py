@@ -1,5 +1,6 @@
-"""The modules of every cell (LLTM, LSTM, GRU and their cells): torch.nn's conventions and, for the LSTM and
-GRU, torch.nn's very parameters and results; packed sequences; backends sharing one state dict."""
+"""The modules of every cell of the registry (LLTM, LSTM, GRU, RNN and their cells): torch.nn's conventions and,
+for the cells PyTorch has, torch.nn's very parameters and results; packed sequences; backends sharing one state
+dict."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from torch.testing import assert_close
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
 from lltm_train.functional import rnn_layer
-from lltm_train.nn import GRU, LLTM, LSTM, GRUCell, LLTMCell, LSTMCell
+from lltm_train.nn import LLTM, RNN, RNNCell, recurrent_cell, recurrent_layers
+from lltm_train.ops.cells import CELLS
 
 F64 = dict(rtol=1e-10, atol=1e-10)
-MODULES = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}
-CELL_MODULES = {"lltm": LLTMCell, "lstm": LSTMCell, "gru": GRUCell}
-TORCH = {"lstm": (torch.nn.LSTM, torch.nn.LSTMCell), "gru": (torch.nn.GRU, torch.nn.GRUCell)}
+# each cell's layers and one-step module (its drop-in: LLTM, ..., RNN(nonlinearity="relu")), from the registry
+MODULES = {name: lambda *a, _n=name, **k: recurrent_layers(_n, *a, **k) for name in CELLS}
+CELL_MODULES = {name: lambda *a, _n=name, **k: recurrent_cell(_n, *a, **k) for name in CELLS}
+TORCH_CELLS = [name for name, spec in CELLS.items() if spec.has_torch]  # torch.nn has their layer and cell
 # the backends that run each cell on a device (cuda only on a GPU machine)
 BACKENDS = [pytest.param(("cpu", b), id=b) for b in ("python", "cpp", "torch")] + [
     pytest.param(("cuda", b), id=f"cuda-{b}", marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)])
@@ -42,12 +45,12 @@ def test_lltm_shapes_and_names_follow_nn_lstm(num_layers, bidirectional, batch_f
     assert unbatched_out.shape == lstm(x[0])[0].shape and uh.shape == (num_layers * (1 + bidirectional), 7)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru"])
+@pytest.mark.parametrize("name", TORCH_CELLS)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("num_layers, bidirectional, batch_first", [(1, False, False), (2, True, True)])
 def test_state_dict_is_torch_nn_s_and_moves_both_ways(name, bias, num_layers, bidirectional, batch_first):
     kw = dict(num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias, dtype=torch.float64)
-    ours, theirs = MODULES[name](5, 7, **kw), TORCH[name][0](5, 7, **kw)
+    ours, theirs = MODULES[name](5, 7, **kw), CELLS[name].torch_layer(5, 7, **kw)
     assert [(n, p.shape) for n, p in ours.named_parameters()] == [(n, p.shape) for n, p in theirs.named_parameters()]
     ours.load_state_dict(theirs.state_dict())
     for a, b in zip(ours.parameters(), theirs.parameters()):
@@ -58,17 +61,17 @@ def test_state_dict_is_torch_nn_s_and_moves_both_ways(name, bias, num_layers, bi
 
 
 @pytest.mark.parametrize("device_backend", BACKENDS)
-@pytest.mark.parametrize("name", ["lstm", "gru"])
+@pytest.mark.parametrize("name", TORCH_CELLS)
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_float64_outputs_and_gradients_equal_torch_nn(device_backend, name, packed):
     device, backend = device_backend
     kw = dict(num_layers=2, bidirectional=True, dtype=torch.float64, device=device)
-    theirs = TORCH[name][0](5, 7, **kw)
+    theirs = CELLS[name].torch_layer(5, 7, **kw)
     ours = MODULES[name](5, 7, backend=backend, **kw)
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(6, 4, 5, dtype=torch.float64, device=device, requires_grad=True)
     h0 = torch.randn(4, 4, 7, dtype=torch.float64, device=device)
-    hx = (h0, torch.randn_like(h0)) if name == "lstm" else h0
+    hx = (h0, torch.randn_like(h0)) if CELLS[name].has_cell_state else h0
     results = []
     for module in (ours, theirs):
         inp = pack_padded_sequence(x, torch.tensor([6, 2, 5, 1]), enforce_sorted=False) if packed else x
@@ -81,24 +84,25 @@ def test_float64_outputs_and_gradients_equal_torch_nn(device_backend, name, pack
         assert_close(a, b, **F64)
 
 
-@pytest.mark.parametrize("name", ["lltm", "lstm", "gru"])
+@pytest.mark.parametrize("name", list(CELLS))
 def test_cell_modules_match_the_layer_and_torch_nn(name):
+    spec = CELLS[name]
     m = CELL_MODULES[name](3, 5, dtype=torch.float64)
     x, h, c = (torch.randn(2, n, dtype=torch.float64) for n in (3, 5, 5))
-    hx = (h, c) if name != "gru" else h
+    hx = (h, c) if spec.has_cell_state else h
     layer = MODULES[name](3, 5, dtype=torch.float64, backend="python")
     layer.load_state_dict({f"{k}_l0": v for k, v in m.state_dict().items()})
-    _, want = layer(x[None], tuple(t[None] for t in as_tuple(hx)) if name != "gru" else h[None])
-    for backend in ("python", "cpp", *(("torch",) if name != "lltm" else ())):
+    _, want = layer(x[None], tuple(t[None] for t in as_tuple(hx)) if spec.has_cell_state else h[None])
+    for backend in ("python", "cpp", *(("torch",) if spec.has_torch else ())):
         m.backend = backend
         got = as_tuple(m(x, hx))
         for g, w in zip(got, as_tuple(want)):
             assert_close(g, w[0], **F64)
-        unbatched = as_tuple(m(x[0], tuple(t[0] for t in as_tuple(hx)) if name != "gru" else h[0]))
+        unbatched = as_tuple(m(x[0], tuple(t[0] for t in as_tuple(hx)) if spec.has_cell_state else h[0]))
         assert unbatched[0].shape == (5,)
         assert_close(unbatched[0], got[0][0], **F64)
-    if name in TORCH:
-        theirs = TORCH[name][1](3, 5, dtype=torch.float64)
+    if spec.has_torch:
+        theirs = spec.torch_cell(3, 5, dtype=torch.float64)
         theirs.load_state_dict(m.state_dict())
         for g, w in zip(as_tuple(m(x, hx)), as_tuple(theirs(x, hx))):
             assert_close(g, w, **F64)
@@ -190,7 +194,7 @@ def test_dropout_only_between_layers_and_only_in_training(cell):
 
 
 def test_bad_arguments_raise_clear_errors(cell):
-    Module, name = MODULES[cell.name], MODULES[cell.name].__name__
+    Module, name = MODULES[cell.name], type(MODULES[cell.name](3, 4)).__name__
     with pytest.raises(ValueError, match="hidden_size must be a positive integer, got 0"):
         Module(3, 0)
     with pytest.raises(ValueError, match="dropout must be a number in"):
@@ -205,7 +209,7 @@ def test_bad_arguments_raise_clear_errors(cell):
     bad = tuple(torch.zeros(1 if i == 0 else 2, 2, 4) for i in range(len(cell.states)))
     with pytest.raises(ValueError, match=r"expected h_0 of shape \(2, 2, 4\)"):
         m(torch.randn(5, 2, 3), bad if cell.has_cell_state else bad[0])
-    with pytest.raises(ValueError, match=rf"{CELL_MODULES[cell.name].__name__}: expected input of shape \(B, 3\)"):
+    with pytest.raises(ValueError, match=rf"{type(CELL_MODULES[cell.name](3, 4)).__name__}: expected input of shape \(B, 3\)"):
         CELL_MODULES[cell.name](3, 4)(torch.randn(2, 2, 3))
     # an unbatched input (3,) with a batched state: the shapes the caller passed, not the unsqueezed ones
     batched = tuple(torch.zeros(1, 4) for _ in cell.states)
@@ -228,12 +232,12 @@ def test_bad_arguments_raise_clear_errors(cell):
     assert Module(3, 4, proj_size=0).proj_size == 0  # torch.nn's default, passed by configs written for it
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru"])
+@pytest.mark.parametrize("name", TORCH_CELLS)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_torch_nn_introspection_is_torch_nn_s(name, bias):
-    """Code written for torch.nn.LSTM / GRU reads these: the same names and tensors, in the same order."""
+    """Code written for torch.nn.LSTM / GRU / RNN reads these: the same names and tensors, in the same order."""
     kw = dict(num_layers=2, bidirectional=True, bias=bias)
-    ours, theirs = MODULES[name](3, 5, **kw), TORCH[name][0](3, 5, **kw)
+    ours, theirs = MODULES[name](3, 5, **kw), CELLS[name].torch_layer(3, 5, **kw)
     assert ours._flat_weights_names == theirs._flat_weights_names
     assert ours._all_weights == theirs._all_weights
     assert [[p.shape for p in w] for w in ours.all_weights] == [[p.shape for p in w] for w in theirs.all_weights]
@@ -304,3 +308,42 @@ def test_compiled_module_on_packed_sequences_of_varying_lengths_matches_eager(ce
         assert_close(out.data, out_ref.data)
         for s, r in zip(as_tuple(state), as_tuple(state_ref)):
             assert_close(s, r)
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_rnn_takes_torch_nn_rnn_s_arguments_in_its_order(nonlinearity):
+    """torch.nn.RNN(input_size, hidden_size, num_layers, nonlinearity, bias, batch_first, dropout, bidirectional),
+    positionally too; RNNCell(input_size, hidden_size, bias, nonlinearity); the same results in float64."""
+    args = (3, 5, 2, nonlinearity, True, True, 0.0, True)
+    ours, theirs = RNN(*args, dtype=torch.float64), torch.nn.RNN(*args, dtype=torch.float64)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.nonlinearity == theirs.nonlinearity and ours.mode == theirs.mode
+    assert ours.cell is CELLS["rnn" if nonlinearity == "tanh" else "rnn_relu"]
+    assert ("nonlinearity='relu'" in repr(ours)) == (nonlinearity == "relu")
+    x = torch.randn(4, 6, 3, dtype=torch.float64)  # batch_first: (B, T, input_size)
+    for backend in ("python", "cpp", "torch"):
+        ours.backend = backend
+        (out, h), (want, want_h) = ours(x), theirs(x)
+        assert_close(out, want, **F64)
+        assert_close(h, want_h, **F64)
+    cell, their_cell = RNNCell(3, 5, True, nonlinearity, dtype=torch.float64), torch.nn.RNNCell(3, 5, True, nonlinearity, dtype=torch.float64)
+    their_cell.load_state_dict(cell.state_dict())
+    assert cell.nonlinearity == nonlinearity
+    assert_close(cell(x[:, 0]), their_cell(x[:, 0]), **F64)
+
+
+def test_rnn_refuses_an_unknown_nonlinearity():
+    for make in (lambda: RNN(3, 5, nonlinearity="sigmoid"), lambda: RNNCell(3, 5, nonlinearity="sigmoid")):
+        with pytest.raises(ValueError, match="unknown nonlinearity 'sigmoid'; select from 'tanh' or 'relu'"):
+            make()
+
+
+def test_a_fixed_cell_refuses_another_and_the_generic_class_needs_one():
+    from lltm_train.nn import RecurrentLayers
+
+    with pytest.raises(TypeError, match="LLTM is the lltm cell; cell= is for the generic class"):
+        LLTM(3, 4, cell="gru")
+    with pytest.raises(TypeError, match="give the cell"):
+        RecurrentLayers(3, 4)
+    with pytest.raises(ValueError, match="unknown cell 'elman'"):
+        RecurrentLayers(3, 4, cell="elman")

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -15,25 +12,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
-from test_training import make_cfg
+from helpers import ADDING, make_cfg, run
 from lltm_train.tasks.base import NonFiniteError
-from lltm_train.train import train
-
-TESTS = Path(__file__).parent
-ADDING = ["dataset=adding", "dataset.seq_len=10", "dataset.train_size=400", "dataset.val_size=16", "dataset.test_size=16",
-          "dataset.batch_size=8", "model.hidden_size=8", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
-          "trainer.accelerator=cpu"]
-
-
-class SignalAt(L.Callback):
-    """Sends the process a signal at the start of a given step, as a scheduler or a user would."""
-
-    def __init__(self, step: int, signum: int, rank: int | None = None) -> None:
-        self.step, self.signum, self.rank = step, signum, rank  # rank: under DDP, only that process gets it
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and trainer.ckpt_path is None:
-            os.kill(os.getpid(), self.signum)
+from lltm_train.train import build, train
 
 
 class SignalDuringValidation(L.Callback):
@@ -86,17 +67,11 @@ def inf_at(device: list[str], step: int) -> list[str]:
     return [f"+callbacks.inf._target_=test_preemption.{kind}", f"+callbacks.inf.step={step}"]
 
 
-def run(cwd, *overrides):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "lltm_train", *overrides], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)],
                          ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_the_step_under_way_and_exits_non_zero(tmp_path, signum, status):
     common = [*ADDING, "trainer.max_steps=12", "trainer.val_check_interval=10", "hydra.run.dir=run"]
-    result = run(tmp_path, *common, "+callbacks.signal_at._target_=test_preemption.SignalAt", "+callbacks.signal_at.step=6",
+    result = run(tmp_path, *common, "+callbacks.signal_at._target_=helpers.SignalAt", "+callbacks.signal_at.step=6",
                  f"+callbacks.signal_at.signum={int(signum)}")
     assert result.returncode == status, result.stderr[-3000:]
     name = signal.Signals(signum).name
@@ -157,27 +132,13 @@ def test_a_diverged_language_model_under_skip_finishes_without_a_sample(tmp_path
 
 def test_weights_that_are_not_finite_are_never_saved(tmp_path):
     cfg = make_cfg(tmp_path, *ADDING, "trainer.max_steps=2", "trainer.val_check_interval=2")
-    from lltm_train.train import _prepare
-
-    datamodule, task, trainer, _, _ = _prepare(cfg)
-    trainer.fit(task, datamodule=datamodule)
+    built = build(cfg)
+    built.trainer.fit(built.task, datamodule=built.datamodule)
     with torch.no_grad():
-        next(task.parameters()).view(-1)[0] = float("nan")
+        next(built.task.parameters()).view(-1)[0] = float("nan")
     with pytest.raises(NonFiniteError, match="not saving them in a checkpoint"):
-        trainer.save_checkpoint(tmp_path / "bad.ckpt")
+        built.trainer.save_checkpoint(tmp_path / "bad.ckpt")
     assert not (tmp_path / "bad.ckpt").exists()
-
-
-class SigkillAt(L.Callback):
-    """kill -9 of the process at the start of a given step: nothing after the last checkpoint survives."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        # a fresh run only: a resume starts from the run's own settings, this callback included
-        if trainer.global_step == self.step and trainer.ckpt_path is None:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 # 640 samples in batches of 16: 40 batches an epoch; checkpoints every 10 steps; dropout draws random numbers.
@@ -212,7 +173,7 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, setting
     settings = [*settings, f"dataset.path={text}"] if settings is STREAMS else settings
     whole = run(tmp_path / "a", *settings)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = run(tmp_path / "b", *settings, "+callbacks.kill._target_=test_preemption.SigkillAt", f"+callbacks.kill.step={killed_at}")
+    killed = run(tmp_path / "b", *settings, "+callbacks.kill._target_=helpers.SigkillAt", f"+callbacks.kill.step={killed_at}")
     assert killed.returncode == -signal.SIGKILL
     last = tmp_path / "b" / "run" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == resumed_from
@@ -248,15 +209,12 @@ def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint_whole(tmp_p
     monkeypatch.setattr(torch, "save", real_save)
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no partial file left behind
     assert torch.load(path, weights_only=True)["global_step"] == 1
-    from lltm_train.train import _prepare
-
-    trainer = _prepare(make_cfg(tmp_path / "run", *ADDING))[2]
+    trainer = build(make_cfg(tmp_path / "run", *ADDING)).trainer
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # what every run writes with
 
 
 def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newest_good_one(tmp_path):
     from lltm_train.config import ConfigError
-    from lltm_train.train import _prepare
 
     common = [*ADDING, "trainer.max_steps=4", "trainer.val_check_interval=2"]
     train(make_cfg(tmp_path, *common))
@@ -265,13 +223,13 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newe
     os.utime(best, ns=(last.stat().st_mtime_ns - 10**9,) * 2)  # older than last.ckpt, as a periodic save is
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # cut short
     with pytest.raises(ConfigError, match=r"^ckpt_path: .*last\.ckpt is not a readable checkpoint \(damaged"):
-        _prepare(make_cfg(tmp_path, *common, f"ckpt_path={last}"))
+        build(make_cfg(tmp_path, *common, f"ckpt_path={last}"))
     with pytest.warns(UserWarning, match=rf"last\.ckpt is not a readable checkpoint .*; resuming from {best.name} \(step \d+\) instead"):
-        *_, ckpt = _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))
+        ckpt = build(make_cfg(tmp_path, *common, "ckpt_path=last")).ckpt_path
     assert ckpt == str(best)
     best.write_bytes(b"")
     with pytest.raises(ConfigError, match="ckpt_path=last: no readable checkpoint in"):
-        _prepare(make_cfg(tmp_path, *common, "ckpt_path=last"))
+        build(make_cfg(tmp_path, *common, "ckpt_path=last"))
 
 
 def test_the_resume_advice_quotes_a_sweep_jobs_folder_for_hydra_and_the_shell(tmp_path):

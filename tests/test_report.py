@@ -13,9 +13,11 @@ import pytest
 import torch
 import yaml
 
+from lltm_train.config import cell_backends
+from lltm_train.ops.cells import CELLS
 from lltm_train.report import Run, summarise
 
-from test_preemption import ADDING, run
+from helpers import ADDING, run
 
 TINY = [*ADDING, "dataset.train_size=64", "trainer.val_check_interval=2", "callbacks.progress_bar.refresh_rate=0",
         "trainer.max_steps=4"]
@@ -25,7 +27,7 @@ def test_a_sweep_report_ranks_the_runs_and_lists_the_failed_and_unfinished_ones(
     sweep = run(tmp_path, "-m", *TINY, "model.hidden_size=4,12,-1", "hydra.sweep.dir=multi")
     assert sweep.returncode == 1  # the third job fails (hidden_size=-1)
     killed = run(tmp_path, *TINY, "model.hidden_size=6", "hydra.run.dir=multi/3_killed",
-                 "+callbacks.kill._target_=test_preemption.SigkillAt", "+callbacks.kill.step=3")
+                 "+callbacks.kill._target_=helpers.SigkillAt", "+callbacks.kill.step=3")
     assert killed.returncode < 0
     report = subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path / "multi"), "--metric", "val/loss"],
                             capture_output=True, text=True, timeout=300)
@@ -180,7 +182,7 @@ def test_compare_backends_sweeps_every_backend_here_and_every_cell_then_reports(
     backends = lltm_train.available_backends()  # cuda runs on the GPU machine, cpp on its CPU
     with open(tmp_path / "compare" / "report.csv") as f:
         rows = list(csv.DictReader(f))
-    pairs = {(c, b) for c in ("lltm", "lstm", "gru") for b in (*backends, "torch")} - {("lltm", "torch")}
+    pairs = {(c, b) for c, spec in CELLS.items() for b in cell_backends(spec) if b in (*backends, "torch")}
     assert sorted(r["run"].split("_", 1)[1] for r in rows) == sorted(f"cell_backend={c}_{b}" for c, b in pairs)
     assert all(r["status"] == "finished" for r in rows)
     assert {(r["cell"], r["backend"]) for r in rows} == {(c, "torch.nn" if b == "torch" else b) for c, b in pairs}

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from lltm_train.data import Batch, SequenceDataModule, TaskSpec
+from lltm_train.data import Batch, Problem, SequenceDataModule
+from lltm_train.ops.cells import CELLS
 from lltm_train.tasks import ClassificationTask, LanguageModelTask, RegressionTask
 
 NET = {"hidden_size": 8, "num_layers": 1, "dropout": 0.0, "bidirectional": False, "cell": "lltm", "backend": "python"}
@@ -37,11 +38,11 @@ def trainer(**kwargs):
 
 
 class TensorDataModule(SequenceDataModule):
-    """Fixed (x, y) tensors as all three splits, with a given TaskSpec."""
+    """Fixed (x, y) tensors as all three splits, with a given Problem."""
 
-    def __init__(self, task: TaskSpec, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
+    def __init__(self, problem: Problem, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
         super().__init__(batch_size=batch_size)
-        self.task, self.x, self.y = task, x, y
+        self.problem, self.x, self.y = problem, x, y
 
     def build(self) -> None:
         self.train_set = self.val_set = self.test_set = TensorDataset(self.x, self.y)
@@ -63,7 +64,7 @@ def total_norm(tensors):
 # --- losses and metrics ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cell", ["lltm", "lstm", "gru"])
+@pytest.mark.parametrize("cell", list(CELLS))
 def test_language_model_loss_is_cross_entropy_of_the_net(cell):
     task = lm_task(vocab=7, cell=cell)
     x, y = torch.randint(0, 7, (3, 5)), torch.randint(0, 7, (3, 5))
@@ -93,7 +94,7 @@ def test_language_model_val_metrics_are_weighted_by_tokens():
 def test_language_model_validate_logs_perplexity_bpc_and_baseline():
     torch.manual_seed(0)
     x, y = torch.randint(0, 6, (8, 5)), torch.randint(0, 6, (8, 5))
-    dm = TensorDataModule(TaskSpec("tokens", 6, 6), x, y, batch_size=4)
+    dm = TensorDataModule(Problem("tokens", 6, 6), x, y, batch_size=4)
     task = lm_task(vocab=6, baseline_loss=1.25)
     metrics = trainer().validate(task, datamodule=dm, verbose=False)[0]
     with torch.no_grad():
@@ -124,7 +125,7 @@ def test_classification_loss_with_lengths_uses_each_sequence_alone():
 def test_classification_val_accuracy_and_loss():
     torch.manual_seed(1)
     x, y = torch.randn(12, 4, 3), torch.randint(0, 4, (12,))
-    dm = TensorDataModule(TaskSpec("classification", 3, 4), x, y, batch_size=4)
+    dm = TensorDataModule(Problem("classification", 3, 4), x, y, batch_size=4)
     task = classifier(input_size=3, classes=4)
     metrics = trainer().validate(task, datamodule=dm, verbose=False)[0]
     with torch.no_grad():
@@ -137,7 +138,7 @@ def test_classification_val_accuracy_and_loss():
 def test_regression_logs_mae_and_mae_in_units(scale):
     torch.manual_seed(2)
     x, y = torch.randn(12, 6, 2), torch.randn(12, 3)
-    dm = TensorDataModule(TaskSpec("regression", 2, 3, scale=scale), x, y, batch_size=5)  # batches of 5, 5 and 2
+    dm = TensorDataModule(Problem("regression", 2, 3, scale=scale), x, y, batch_size=5)  # batches of 5, 5 and 2
     task = regressor(input_size=2, outputs=3)
     metrics = trainer().validate(task, datamodule=dm, verbose=False)[0]
     with torch.no_grad():
@@ -154,7 +155,7 @@ def test_regression_logs_mae_and_mae_in_units(scale):
 def test_regression_test_stage_logs_mae_units():
     torch.manual_seed(3)
     x, y = torch.randn(8, 5, 2), torch.randn(8, 1)
-    dm = TensorDataModule(TaskSpec("regression", 2, 1, scale=0.5), x, y, batch_size=8)
+    dm = TensorDataModule(Problem("regression", 2, 1, scale=0.5), x, y, batch_size=8)
     task = regressor()
     metrics = trainer().test(task, datamodule=dm, verbose=False)[0]
     with torch.no_grad():
@@ -264,7 +265,7 @@ class NormRecorder(RegressionTask):
 def test_trainer_clips_and_logs_grad_norm_on_logging_steps(tmp_path):
     torch.manual_seed(4)
     x, y = torch.randn(32, 5, 2), 100 * torch.randn(32, 1)  # large targets: large gradients
-    dm = TensorDataModule(TaskSpec("regression", 2, 1), x, y, batch_size=4)
+    dm = TensorDataModule(Problem("regression", 2, 1), x, y, batch_size=4)
     task = NormRecorder(2, 1, **NET)
     logger = L.pytorch.loggers.CSVLogger(tmp_path, name="", version="")
     trainer(max_steps=6, log_every_n_steps=2, gradient_clip_val=0.5, limit_val_batches=0, logger=logger).fit(task, datamodule=dm)
@@ -321,7 +322,7 @@ class NaNFrom(ClassificationTask):
 @pytest.mark.parametrize("every", [1, 3])
 def test_trainer_stops_on_a_nan_loss_at_a_logging_step(every):
     torch.manual_seed(5)
-    dm = TensorDataModule(TaskSpec("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
+    dm = TensorDataModule(Problem("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
     task = NaNFrom(3, 4, start=1, **NET)  # diverges after the first step
     first_logging_step = 1 if every == 1 else every - 1
     with pytest.raises(FloatingPointError, match=f"became nan by step {first_logging_step}"):
@@ -333,7 +334,7 @@ def test_trainer_stops_on_a_nan_loss_at_a_logging_step(every):
                                         (None, "or set trainer.gradient_clip_val (clipping is off)")])
 def test_the_non_finite_hint_names_the_clipping_in_force(clip, hint):
     """Clipping is on by default (1.0): the hint says to lower it then, to set it only when it is off."""
-    dm = TensorDataModule(TaskSpec("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
+    dm = TensorDataModule(Problem("classification", 3, 4), torch.randn(40, 4, 3), torch.randint(0, 4, (40,)), batch_size=4)
     with pytest.raises(FloatingPointError) as error:
         trainer(max_steps=4, log_every_n_steps=1, limit_val_batches=0, gradient_clip_val=clip).fit(
             NaNFrom(3, 4, start=1, **NET), datamodule=dm)

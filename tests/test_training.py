@@ -5,15 +5,16 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 import lltm_train.nn
 from conftest import CUDA_READY, CUDA_SKIP_REASON
-from lltm_train.config import ConfigError, config_dir
-from lltm_train.train import _prepare, train
+from helpers import LossRecorder, make_cfg
+from lltm_train.config import ConfigError
+from lltm_train.ops.cells import CELLS
+from lltm_train.train import build, train
 
 SMALL = {  # a few small batches of every data set
     "shakespeare": ["dataset.seq_len=32", "dataset.batch_size=4"],
@@ -24,19 +25,6 @@ SMALL = {  # a few small batches of every data set
     "adding": ["dataset.seq_len=30", "dataset.train_size=64", "dataset.val_size=16", "dataset.batch_size=8"],
     "copy": ["dataset.delay=20", "dataset.length=4", "dataset.train_size=64", "dataset.val_size=16", "dataset.batch_size=8"],
 }
-
-
-TOKEN_DATA = ("shakespeare", "text", "copy")
-
-
-def make_cfg(out, *overrides):
-    dataset = next((o.split("=", 1)[1] for o in overrides if o.startswith("dataset=")), "shakespeare")
-    token_model = ["model.embedding_dim=8", "model.sample_length=20"] if dataset in TOKEN_DATA else []
-    if not any(o.startswith("trainer.accelerator=") for o in overrides):
-        overrides = ("trainer.accelerator=cpu", *overrides)  # also on a GPU machine
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return compose("config", overrides=[f"paths.output_dir={out}", "callbacks.progress_bar.refresh_rate=0",
-                                            "model.hidden_size=16", *token_model, *overrides])
 
 
 @pytest.fixture
@@ -53,14 +41,6 @@ def test_fast_dev_run_every_dataset_and_backend(tmp_path, text_file, dataset, ba
     cfg = make_cfg(tmp_path, f"dataset={dataset}", f"backend={backend}", "+trainer.fast_dev_run=2", *SMALL[dataset], *extra)
     metrics = train(cfg)
     assert torch.isfinite(torch.tensor(metrics["train/loss"])) and torch.isfinite(torch.tensor(metrics["val/loss"]))
-
-
-class LossRecorder(L.Callback):
-    def __init__(self):
-        self.losses = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.losses.append(outputs["loss"].item())
 
 
 @pytest.mark.parametrize("dataset", ["shakespeare", "japanese_vowels", "adding"])
@@ -99,15 +79,16 @@ def test_deterministic_runs_are_identical_bit_for_bit(tmp_path, dataset, backend
         weights.append(torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    assert not torch.equal(weights[0]["net.head.weight"], _prepare(make_cfg(tmp_path / "c", *common))[1].net.head.weight.cpu())
+    assert not torch.equal(weights[0]["net.head.weight"], build(make_cfg(tmp_path / "c", *common)).task.net.head.weight.cpu())
 
 
 def _same_first_losses(tmp_path, dataset, backend_under_test, *extra):
     losses = {}
     for backend in ("python", backend_under_test):
         cfg = make_cfg(tmp_path / backend, f"dataset={dataset}", f"backend={backend}", "model.num_layers=2", *SMALL[dataset], *extra)
-        datamodule, task, _, used, _ = _prepare(cfg)  # seeds from cfg.seed: the same initial weights
-        assert used == backend
+        built = build(cfg)  # seeds from cfg.seed: the same initial weights
+        datamodule, task = built.datamodule, built.task
+        assert built.backend_used == backend
         recorder = LossRecorder()
         L.seed_everything(7)  # the same batches
         L.Trainer(max_steps=4, callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -151,7 +132,7 @@ def test_killed_run_resumes_step_schedule_and_tensorboard(tmp_path):
         train(make_cfg(run, *common, "+callbacks.kill._target_=test_training.KillAt", "+callbacks.kill.step=15"))
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
     with pytest.raises(ConfigError, match="holds checkpoints of an earlier run: resume it with ckpt_path=last"):
-        _prepare(make_cfg(run, *common))
+        build(make_cfg(run, *common))
     train(make_cfg(run, *common, "ckpt_path=last"))
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 24
     steps = [s for s, _ in scalars(run, "train/loss")]
@@ -237,7 +218,7 @@ def test_tensorboard_gets_loss_metric_throughput_and_hparams(tmp_path):
     assert "sample" in "".join(acc.Tags()["tensors"])
     hparams = (tmp_path / "tensorboard" / "hparams.yaml").read_text()
     assert "backend_used: cpp" in hparams
-    _, task, *_ = _prepare(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"], "model.hidden_size=24"))
+    task = build(make_cfg(tmp_path / "again", "dataset=shakespeare", *SMALL["shakespeare"], "model.hidden_size=24")).task
     assert f"num_parameters: {task.num_parameters()}" in hparams
 
 
@@ -259,21 +240,26 @@ def test_bidirectional_language_model_is_refused(tmp_path):
         train(make_cfg(tmp_path, "model.bidirectional=true"))
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", [name for name, spec in CELLS.items() if name != "lltm"])
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_every_cell_trains_fused_or_on_the_torch_baseline(tmp_path, cell, backend):
-    """model.cell=lstm (or gru) trains the fused cell; with backend=torch, torch.nn's layer of the same width."""
+    """model.cell=<cell> trains the fused cell; with backend=torch, torch.nn's layer of the same width where
+    PyTorch has the cell, and a one-line refusal where it has not."""
+    spec = CELLS[cell]
     overrides = ("dataset=shakespeare", *SMALL["shakespeare"], f"model.cell={cell}", f"backend={backend}")
+    if backend == "torch" and not spec.has_torch:
+        with pytest.raises(ConfigError, match=f"PyTorch has no {spec.title}"):
+            build(make_cfg(tmp_path, *overrides))
+        return
     metrics = train(make_cfg(tmp_path, *overrides, "+trainer.fast_dev_run=2"))
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-    _, task, _, backend_used, _ = _prepare(make_cfg(tmp_path / "again", *overrides))
+    built = build(make_cfg(tmp_path / "again", *overrides))
+    layer = built.task.net.rnn
     if backend == "torch":
-        expected = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
-        assert backend_used == "torch"
+        assert type(layer) is type(spec.torch_layer(1, 1)) and built.backend_used == "torch"
     else:
-        expected = lltm_train.nn.LSTM if cell == "lstm" else lltm_train.nn.GRU
-        assert backend_used == "cpp"
-    assert type(task.net.rnn) is expected and task.net.rnn.hidden_size == 16
+        assert isinstance(layer, lltm_train.nn.RecurrentLayers) and layer.cell is spec and built.backend_used == "cpp"
+    assert layer.hidden_size == 16 and getattr(layer, "nonlinearity", "tanh") == ("relu" if cell == "rnn_relu" else "tanh")
 
 
 def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
@@ -281,10 +267,10 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     train(make_cfg(tmp_path / "a", *common))
     ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
     with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.rnn.bias_l0"):
-        _prepare(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
+        build(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
-        _prepare(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))
+        build(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))
 
 
 DIVERGING = ["dataset=shakespeare", "dataset.seq_len=32", "dataset.batch_size=16", "model.hidden_size=32",

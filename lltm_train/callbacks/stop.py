@@ -15,7 +15,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..config import hydra_value
-from ..tasks.base import NonFiniteError
+from ..run_files import CHECKPOINT_SUFFIX, LAST
+from ..tasks.guard import NonFiniteError
 
 EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # 143, 130: what shells report
 
@@ -36,8 +37,8 @@ class StopCheckpoint(Callback):
         dirpath: the run's checkpoint folder. filename: the checkpoint's name without ``.ckpt``.
     """
 
-    def __init__(self, dirpath: str, filename: str = "last") -> None:
-        self.path = Path(dirpath) / f"{filename}.ckpt"
+    def __init__(self, dirpath: str, filename: str = LAST) -> None:
+        self.path = Path(dirpath) / f"{filename}{CHECKPOINT_SUFFIX}"
         self.received: str | None = None  # the signal this process received
         self.stop_with: str | None = None  # the signal training stops for (under DDP, what the processes agreed)
         self.saved: Path | None = None

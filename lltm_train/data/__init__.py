@@ -1,6 +1,6 @@
 """LightningDataModules, one per ``dataset=`` choice (see ``conf/dataset/``)."""
 
-from .base import Batch, SequenceDataModule, TaskSpec
+from .base import Batch, Problem, SequenceDataModule, TaskSpec
 from .co2 import CO2DataModule
 from .japanese_vowels import JapaneseVowelsDataModule
 from .smnist import SequentialMNISTDataModule
@@ -13,6 +13,7 @@ __all__ = [
     "CO2DataModule",
     "CopyDataModule",
     "JapaneseVowelsDataModule",
+    "Problem",
     "SequenceDataModule",
     "SequentialMNISTDataModule",
     "ShakespeareDataModule",

@@ -1,4 +1,4 @@
-"""What every data module shares: the task it poses, the batch layout, and the data loaders."""
+"""What every data module shares: the problem it poses, the batch layout, and the data loaders."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .. import validation as v
+from .. import checks as v
 from .resumable import ResumableLoader, ResumableSampler, loader_generator
 
 
@@ -29,7 +29,7 @@ class Batch(NamedTuple):
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class Problem:
     """The problem a data set poses, which picks the model and tells the task how to read the data.
 
     kind: ``"tokens"`` (a class per step from token inputs: language modelling, copy),
@@ -54,6 +54,9 @@ class TaskSpec:
     stateful: bool = False
 
 
+TaskSpec = Problem  # the former name (a Problem is no task): user code that names it keeps working
+
+
 def package_data_dir(module: str, pip_spec: str) -> Path:
     """The folder of an installed data package, or a FileNotFoundError that says how to install it."""
     spec = importlib.util.find_spec(module)
@@ -67,13 +70,13 @@ def package_data_dir(module: str, pip_spec: str) -> Path:
 
 class SequenceDataModule(L.LightningDataModule, ABC):
     """Base of the data modules: subclasses fill ``self.train_set``/``val_set``/``test_set`` and
-    :attr:`task` in :meth:`build`. Every loader yields :class:`Batch` es.
+    :attr:`problem` in :meth:`build`. Every loader yields :class:`Batch` es.
 
     Args:
         batch_size: sequences per batch. num_workers: DataLoader worker processes (0 loads in the main process).
     """
 
-    task: TaskSpec
+    problem: Problem
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0) -> None:
         super().__init__()
@@ -85,9 +88,18 @@ class SequenceDataModule(L.LightningDataModule, ABC):
         self.test_set: Dataset | None = None
         self._built = False
 
+    @property
+    def task(self) -> Problem:
+        """:attr:`problem` under its former name (data modules that set ``self.task`` keep working)."""
+        return self.problem
+
+    @task.setter
+    def task(self, problem: Problem) -> None:
+        self.problem = problem
+
     @abstractmethod
     def build(self) -> None:
-        """Loads or generates the data once: sets the three splits and :attr:`task`."""
+        """Loads or generates the data once: sets the three splits and :attr:`problem`."""
 
     def setup(self, stage: str | None = None) -> None:
         if not self._built:

@@ -7,8 +7,8 @@ from torch.utils.data import TensorDataset
 
 from dataclasses import replace
 
-from .. import validation as v
-from .base import SequenceDataModule, TaskSpec
+from .. import checks as v
+from .base import Problem, SequenceDataModule
 
 
 class CO2DataModule(SequenceDataModule):
@@ -17,7 +17,7 @@ class CO2DataModule(SequenceDataModule):
     Source: ``statsmodels.api.datasets.co2`` (Mauna Loa Observatory, 1958-03 to 2001-12, 2,284 weekly
     values, 59 missing and filled by linear interpolation; public domain). The series is split in time:
     the first part trains, then validation, then test (each window lies inside its split). Values are
-    standardised with the training split's mean and deviation (the TaskSpec's ``scale``: ppm per unit).
+    standardised with the training split's mean and deviation (the Problem's ``scale``: ppm per unit).
     Batches are (x, y): x (B, context, 1) and y (B, horizon), float32, standardised.
     """
 
@@ -29,7 +29,7 @@ class CO2DataModule(SequenceDataModule):
         self.horizon = v.positive_int(owner, "horizon", horizon)
         self.val_fraction = v.fraction(owner, "val_fraction", val_fraction)
         self.test_fraction = v.fraction(owner, "test_fraction", test_fraction)
-        self.task = TaskSpec("regression", 1, self.horizon)
+        self.problem = Problem("regression", 1, self.horizon)
 
     def build(self) -> None:
         import statsmodels.api as sm
@@ -44,7 +44,7 @@ class CO2DataModule(SequenceDataModule):
             raise ValueError(f"CO2DataModule: context + horizon = {window} weeks do not fit in every split of the {n}-week series")
         train = series[: bounds[0][1]]
         mean, std = train.mean(), train.std()
-        self.task = replace(self.task, scale=float(std))
+        self.problem = replace(self.problem, scale=float(std))
         sets = []
         for a, b in bounds:
             windows = ((series[a:b] - mean) / std).unfold(0, window, 1)  # (N, context + horizon)

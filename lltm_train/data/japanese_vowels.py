@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .. import validation as v
-from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
+from .. import checks as v
+from .base import Batch, Problem, SequenceDataModule, package_data_dir
 
 
 def read_ts(path: Path) -> tuple[list[torch.Tensor], torch.Tensor, list[str]]:
@@ -59,7 +59,7 @@ class JapaneseVowelsDataModule(SequenceDataModule):
         self.val_fraction = v.fraction("JapaneseVowelsDataModule", "val_fraction", val_fraction)
         self.split_seed = split_seed
         self.folder = package_data_dir("sktime", "sktime==1.2.0") / "datasets" / "data" / "JapaneseVowels"
-        self.task = TaskSpec("classification", 12, 9)
+        self.problem = Problem("classification", 12, 9)
 
     def build(self) -> None:
         train, train_y, _ = read_ts(self.folder / "JapaneseVowels_TRAIN.ts")

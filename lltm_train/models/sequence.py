@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from .. import validation as v
+from .. import checks as v
 from .recurrent import final_hidden, recurrent_layer
 
 

@@ -1,15 +1,18 @@
-"""Parameter creation shared by the cell and layer modules, and their settable ``backend``."""
+"""What the cell and layer modules share: parameter creation, the settable ``backend``, and the cell a module
+runs (fixed by a drop-in class, or given to the generic one)."""
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ..backends import check_backend_name
-from ..ops.cells import CellSpec
+from ..ops.cells import CellSpec, cell_spec
 
 
 def make_weights(module: nn.Module, spec: CellSpec, suffix: str, input_size: int, hidden_size: int, bias: bool,
@@ -74,3 +77,37 @@ class BackendMixin:
     def backend(self, value: str) -> None:
         check_backend_name(value, self.cell.name)
         self._backend = value
+
+
+class CellMixin:
+    """The cell a module runs: fixed by a subclass (its class attribute ``cell``), which is then that cell's
+    drop-in (``LSTM`` for ``lstm``), or given as ``cell=`` to the generic class (``RecurrentLayers``), which
+    holds the registry ``drop_ins`` (cell name -> drop-in) that :meth:`for_cell` builds from."""
+
+    cell: CellSpec | None = None
+    drop_ins: ClassVar[dict[str, Callable]]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.__dict__.get("cell"), CellSpec):
+            cls.drop_ins.setdefault(cls.cell.name, cls)
+
+    def _take_cell(self, cell: str | CellSpec | None) -> None:
+        """Sets ``self.cell`` from ``cell=``, which only the generic class takes; TypeError otherwise."""
+        owner = type(self).__name__
+        if cell is not None:
+            if type(self).cell is not None:
+                raise TypeError(f"{owner} is the {type(self).cell.name} cell; cell= is for the generic class")
+            self.cell = cell_spec(cell)
+        elif getattr(self, "cell", None) is None:
+            raise TypeError(f"{owner}: give the cell, e.g. cell='lltm'")
+
+    @classmethod
+    def for_cell(cls, cell: str | CellSpec, input_size: int, hidden_size: int, **kwargs):
+        """A module of ``cell`` (name or spec): its drop-in where it has one, else this class with ``cell=``."""
+        spec = cell_spec(cell)
+        make = cls.drop_ins.get(spec.name)
+        return cls(input_size, hidden_size, cell=spec, **kwargs) if make is None else make(input_size, hidden_size, **kwargs)
+
+    def _cell_repr(self) -> str:
+        return f", cell={self.cell.name!r}" if type(self).cell is None else ""

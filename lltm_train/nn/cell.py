@@ -1,23 +1,24 @@
 """One step as a module, with ``torch.nn.LSTMCell``'s conventions: :class:`LLTMCell`, :class:`LSTMCell`,
-:class:`GRUCell` over one shared implementation (:class:`RecurrentCell`)."""
+:class:`GRUCell`, :class:`RNNCell` over one shared implementation (:class:`RecurrentCell`, which takes any cell)."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .. import validation as v
+from .. import checks as v
 from ..functional import rnn_cell
-from ..ops.cells import GRU, LLTM, LSTM, CellSpec
-from ._params import BackendMixin, make_weights, reset_uniform
+from ..ops.cells import GRU, LLTM, LSTM, RNN_RELU, RNN_TANH, CellSpec
+from ._params import BackendMixin, CellMixin, make_weights, reset_uniform
 
 
-class RecurrentCell(BackendMixin, nn.Module):
-    """One step of a cell (``cell``, set by the subclasses): ``state' = Cell(x, state)``.
+class RecurrentCell(CellMixin, BackendMixin, nn.Module):
+    """One step of a cell: ``state' = Cell(x, state)``. The subclasses fix the cell; this class takes any.
 
     Args:
         input_size: features of x. hidden_size: features of h (and c).
         bias: learn the biases. backend: ``auto``, ``python``, ``cpp``, ``cuda`` (and ``torch`` for the
-            LSTM and GRU); settable later.
+            cells PyTorch has); settable later.
+        cell: the cell's name or :class:`~lltm_train.ops.cells.CellSpec` (only where the class fixes none).
 
     Parameters: ``weight_ih`` (G H, input_size), ``weight_hh`` (G H, H) and the biases (``bias``, or
     ``bias_ih`` and ``bias_hh``, G H each), as ``torch.nn.LSTMCell``/``GRUCell`` name them; initialised
@@ -30,12 +31,13 @@ class RecurrentCell(BackendMixin, nn.Module):
         ValueError: bad sizes, an input or state of the wrong shape, or a backend the cell does not have.
     """
 
-    cell: CellSpec
+    drop_ins = {}
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, backend: str = "auto",
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, *, cell: str | CellSpec | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
+        self._take_cell(cell)
         v.positive_int(owner, "input_size", input_size)
         v.positive_int(owner, "hidden_size", hidden_size)
         v.flag(owner, "bias", bias)
@@ -73,7 +75,7 @@ class RecurrentCell(BackendMixin, nn.Module):
 
     def extra_repr(self) -> str:
         has_bias = getattr(self, self.cell.biases[0]) is not None
-        return f"{self.input_size}, {self.hidden_size}, bias={has_bias}, backend={self.backend!r}"
+        return f"{self.input_size}, {self.hidden_size}, bias={has_bias}{self._cell_repr()}, backend={self.backend!r}"
 
 
 class LLTMCell(RecurrentCell):
@@ -96,3 +98,46 @@ class GRUCell(RecurrentCell):
     :class:`RecurrentCell`."""
 
     cell = GRU
+
+
+class RNNCell(RecurrentCell):
+    """An Elman RNN cell with ``torch.nn.RNNCell``'s math, arguments and parameters: ``h' = RNNCell(x, h)``,
+    ``h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh)`` (or ``relu``). See :class:`RecurrentCell`.
+
+    Args:
+        input_size, hidden_size, bias: as ``torch.nn.RNNCell``.
+        nonlinearity: ``"tanh"`` (the ``rnn`` cell) or ``"relu"`` (``rnn_relu``).
+        backend: as :class:`RecurrentCell`.
+
+    Raises:
+        ValueError: an unknown nonlinearity, and as :class:`RecurrentCell`.
+    """
+
+    cell = RNN_TANH
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
+                 backend: str = "auto", device=None, dtype=None) -> None:
+        self.cell = rnn_cell_spec(type(self).__name__, nonlinearity)
+        super().__init__(input_size, hidden_size, bias, backend, device, dtype)
+        self.nonlinearity = nonlinearity
+
+    def extra_repr(self) -> str:
+        extra = f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else ""
+        return super().extra_repr().replace(", backend=", f"{extra}, backend=", 1)
+
+
+def rnn_cell_spec(owner: str, nonlinearity: str) -> CellSpec:
+    """The RNN cell of a nonlinearity (``torch.nn.RNN``'s argument): ``rnn`` for tanh, ``rnn_relu`` for relu."""
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"{owner}: unknown nonlinearity {nonlinearity!r}; select from 'tanh' or 'relu'")
+    return RNN_TANH if nonlinearity == "tanh" else RNN_RELU
+
+
+RecurrentCell.drop_ins["rnn_relu"] = lambda *args, **kwargs: RNNCell(*args, nonlinearity="relu", **kwargs)
+
+
+def recurrent_cell(cell: str | CellSpec, input_size: int, hidden_size: int, **kwargs) -> RecurrentCell:
+    """One step of a cell by name or spec: its drop-in class (:class:`LLTMCell`, :class:`LSTMCell`,
+    :class:`GRUCell`, :class:`RNNCell`) where it has one, else :class:`RecurrentCell` with ``cell=``. ``kwargs``
+    as :class:`RecurrentCell`'s (by keyword). ValueError for an unknown cell."""
+    return RecurrentCell.for_cell(cell, input_size, hidden_size, **kwargs)

@@ -1,5 +1,6 @@
-"""Multi-layer, optionally bidirectional recurrent layers with ``torch.nn.LSTM``'s API, one class per cell
-(:class:`LLTM`, :class:`LSTM`, :class:`GRU`) over one shared implementation (:class:`RecurrentLayers`)."""
+"""Multi-layer, optionally bidirectional recurrent layers with ``torch.nn.LSTM``'s API: one drop-in class per
+cell that PyTorch users know (:class:`LLTM`, :class:`LSTM`, :class:`GRU`, :class:`RNN`) over one shared
+implementation (:class:`RecurrentLayers`, which takes any cell), and :func:`recurrent_layers` for a cell by name."""
 
 from __future__ import annotations
 
@@ -10,29 +11,33 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .. import validation as v
+from .. import checks as v
 from ..functional import rnn_layer
 from ..ops.cells import GRU as GRU_CELL
 from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
-from ..ops.cells import CellSpec
-from ._params import BackendMixin, make_weights, reset_uniform
+from ..ops.cells import RNN_TANH, CellSpec
+from ._params import BackendMixin, CellMixin, make_weights, reset_uniform
+from .cell import rnn_cell_spec
 
 
-class RecurrentLayers(BackendMixin, nn.Module):
+class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
     """Stacked layers of one cell over sequences; the layering, directions and packing of every cell.
 
-    Subclasses set ``cell`` (a :class:`~lltm_train.ops.cells.CellSpec`). See :class:`LSTM` for the
-    arguments, shapes and errors.
+    The subclasses fix the cell (``cell``, a :class:`~lltm_train.ops.cells.CellSpec`); this class takes any
+    as ``cell=`` (its name or spec), e.g. ``RecurrentLayers(32, 64, cell="rnn_relu")``. See :class:`LSTM`
+    for the other arguments, the shapes and the errors.
     """
 
-    cell: CellSpec
+    drop_ins = {}
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0) -> None:
+                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0, *,
+                 cell: str | CellSpec | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
+        self._take_cell(cell)
         if proj_size != 0:  # torch.nn's default is 0, so configs written for torch.nn pass it
             raise ValueError(f"{owner}: proj_size={proj_size!r} is not supported (only 0, no projection)"
                              if self.cell.has_cell_state else f"{owner}: proj_size is only for LSTMs (got {proj_size!r})")
@@ -95,7 +100,7 @@ class RecurrentLayers(BackendMixin, nn.Module):
         calls it on ``torch.nn.LSTM`` runs unchanged."""
 
     def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}{self._cell_repr()}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
@@ -284,6 +289,54 @@ class GRU(RecurrentLayers):
     cell = GRU_CELL
 
 
+class RNN(RecurrentLayers):
+    """Stacked Elman RNN layers, with ``torch.nn.RNN``'s math, arguments, parameters and results:
+    ``h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)``, or ``relu`` (Elman, "Finding Structure in
+    Time", 1990).
+
+    Args:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional: as ``torch.nn.RNN``
+            (in its order: ``nonlinearity`` is the fourth).
+        nonlinearity: ``"tanh"`` (the ``rnn`` cell, ``model.cell=rnn``) or ``"relu"`` (``rnn_relu``).
+        backend: as :class:`LSTM` (``torch`` is ``torch.nn.RNN``).
+        proj_size: only 0 (torch.nn's default; torch.nn.RNN refuses others too).
+
+    Parameters: ``torch.nn.RNN``'s names and shapes (``weight_ih_l{k}`` (H, input_size or D * H),
+    ``weight_hh_l{k}`` (H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (H)), so ``load_state_dict`` works both
+    ways with ``torch.nn.RNN``.
+    """
+
+    cell = RNN_TANH
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0) -> None:
+        self.cell = rnn_cell_spec(type(self).__name__, nonlinearity)
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend,
+                         device, dtype, proj_size)
+        self.nonlinearity = nonlinearity
+
+    @property
+    def mode(self) -> str:
+        """``"RNN_TANH"`` or ``"RNN_RELU"``, as ``torch.nn.RNN.mode``."""
+        return f"RNN_{self.nonlinearity.upper()}"
+
+    def extra_repr(self) -> str:
+        extra = f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else ""
+        return super().extra_repr().replace(", backend=", f"{extra}, backend=", 1)
+
+
+RecurrentLayers.drop_ins["rnn_relu"] = lambda *args, **kwargs: RNN(*args, nonlinearity="relu", **kwargs)
+
+
+def recurrent_layers(cell: str | CellSpec, input_size: int, hidden_size: int, **kwargs) -> RecurrentLayers:
+    """Layers of a cell by name or spec: its drop-in class (:class:`LLTM`, :class:`LSTM`, :class:`GRU`,
+    :class:`RNN`) where it has one, else :class:`RecurrentLayers` with ``cell=``. ``kwargs`` as :class:`LSTM`'s
+    (by keyword). ValueError for an unknown cell."""
+    return RecurrentLayers.for_cell(cell, input_size, hidden_size, **kwargs)
+
+
 LLTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
 LSTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
 GRU.__doc__ += _SHAPES.format(hx="``h_0``", ret="h_n")
+RNN.__doc__ += _SHAPES.format(hx="``h_0``", ret="h_n")

@@ -1,14 +1,19 @@
-"""The cells of the op library, each described once: :class:`CellSpec`.
+"""The cells of the op library, each described once: :class:`CellSpec`, and the registry :data:`CELLS`.
 
-The compiled side describes the same cells in ``csrc/cells.h``. Adding a cell means its description there
-and here, its reference step (:mod:`.reference`) and its tests; the fake kernels, the functional API, the
-modules' parameters and ``lltm-bench`` read the spec.
+The compiled side describes the same cells in ``csrc/cells.h`` (their traits) and lists them once in
+``csrc/cell_list.h``; a test checks that both sides list the same cells with the same op signatures.
+Everything per cell in Python reads its spec: the fake kernels, the functional API and the ``torch``
+backend, the modules' parameters, the default learning rate, the configs (``cell_backend=<cell>_<backend>``,
+:mod:`lltm_train.config`) and ``lltm-bench``. docs/adding-a-cell.md says how to add one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
+from torch import nn
 
 from . import reference
 
@@ -18,7 +23,8 @@ class CellSpec:
     """One cell.
 
     Attributes:
-        name: ``lltm``, ``lstm`` or ``gru`` (``model.cell``).
+        name: the cell's name in configs (``model.cell``) and the ops' names.
+        title: its name in messages and reports.
         gates: the gate blocks of ``weight_ih`` and ``weight_hh``, in row order (G = len(gates)).
         states: the state tensors, h first: ``("h", "c")`` or ``("h",)``.
         biases: the bias parameters: ``("bias",)`` (the LLTM's one, G * H) or ``("bias_ih", "bias_hh")``
@@ -27,22 +33,35 @@ class CellSpec:
         split: whether the last gate's h-side pre-activation stays apart from its x-side one (the GRU's
             candidate); its gradient then has G + 1 blocks.
         needs_c_prev: whether the backward reads c at t - 1 (the LSTM's forget gate), so its op takes c_0.
-        forward_op, backward_op: the ops' names in ``torch.ops.lltm``.
-        step: the reference step (:mod:`.reference`).
-        title: the cell's name in messages and reports.
+        step: the reference step (:mod:`.reference`): ``step(g, state)``, or ``step(gx, gh, state)`` when split.
+        lr_at_256: AdamW's default peak learning rate at 256 units and below (``model.optimizer.lr``; wider
+            layers scale it by 256 / hidden_size: :func:`default_lr`).
+        torch_module: the ``torch.nn`` class of the same math and parameters (``"LSTM"``, ``"GRU"``,
+            ``"RNN"``), whose ``...Cell`` is its one step; None when PyTorch has none (``backend="torch"``
+            then refuses the cell by name).
+        torch_kwargs: the keyword arguments that make that class this cell (``(("nonlinearity", "relu"),)``).
+        torch_function: the ``torch`` function that runs one such layer (``torch.lstm``, ``torch.rnn_relu``).
+        baselines: the cells whose ``torch.nn`` layers ``lltm-bench`` compares this one with, the main one
+            first (the LLTM, which PyTorch lacks: the LSTM and the GRU).
+        op_prefix: the ops are ``torch.ops.lltm.<op_prefix>layer_forward`` and ``..._backward``;
+            ``<name>_`` unless given (the LLTM's ops keep their first names, which saved programs call).
     """
 
     name: str
+    title: str
     gates: tuple[str, ...]
     states: tuple[str, ...]
     biases: tuple[str, ...]
     saved: int
     split: bool
     needs_c_prev: bool
-    forward_op: str
-    backward_op: str
     step: Callable
-    title: str
+    lr_at_256: float
+    torch_module: str | None = None
+    torch_kwargs: tuple[tuple[str, object], ...] = ()
+    torch_function: str | None = None
+    baselines: tuple[str, ...] = ()
+    op_prefix: str | None = None
 
     @property
     def num_gates(self) -> int:
@@ -56,15 +75,65 @@ class CellSpec:
     def grad_blocks(self) -> int:
         return self.num_gates + self.split
 
+    @property
+    def forward_op(self) -> str:
+        return f"{self._prefix}layer_forward"
 
-LLTM = CellSpec("lltm", ("input", "output", "candidate"), ("h", "c"), ("bias",), 3, False, False, "layer_forward",
-                "layer_backward", reference.lltm_step, "LLTM")
-LSTM = CellSpec("lstm", ("input", "forget", "cell", "output"), ("h", "c"), ("bias_ih", "bias_hh"), 4, False, True,
-                "lstm_layer_forward", "lstm_layer_backward", reference.lstm_step, "LSTM")
-GRU = CellSpec("gru", ("reset", "update", "new"), ("h",), ("bias_ih", "bias_hh"), 4, True, False, "gru_layer_forward",
-               "gru_layer_backward", reference.gru_step, "GRU")
+    @property
+    def backward_op(self) -> str:
+        return f"{self._prefix}layer_backward"
 
-CELLS: dict[str, CellSpec] = {spec.name: spec for spec in (LLTM, LSTM, GRU)}
+    @property
+    def _prefix(self) -> str:
+        return f"{self.name}_" if self.op_prefix is None else self.op_prefix
+
+    @property
+    def has_torch(self) -> bool:
+        """Whether PyTorch has this cell (``backend="torch"`` runs it)."""
+        return self.torch_module is not None
+
+    @property
+    def torch_label(self) -> str:
+        """``nn.LSTM``, ``nn.RNN(nonlinearity='relu')``, ...: the torch.nn layer's name in tables."""
+        if self.torch_module is None:
+            raise ValueError(f"PyTorch has no {self.title} cell")
+        args = ", ".join(f"{k}={v!r}" for k, v in self.torch_kwargs)
+        return f"nn.{self.torch_module}" + (f"({args})" if args else "")
+
+    def torch_layer(self, input_size: int, hidden_size: int, **kwargs) -> nn.Module:
+        """A ``torch.nn`` layer of this cell (``torch.nn.LSTM(input_size, hidden_size, **kwargs)``, ...)."""
+        if self.torch_module is None:
+            raise ValueError(f"PyTorch has no {self.title} cell")
+        return getattr(nn, self.torch_module)(input_size, hidden_size, **dict(self.torch_kwargs), **kwargs)
+
+    def torch_cell(self, input_size: int, hidden_size: int, **kwargs) -> nn.Module:
+        """A ``torch.nn`` cell (one step) of this cell (``torch.nn.LSTMCell(...)``, ...)."""
+        if self.torch_module is None:
+            raise ValueError(f"PyTorch has no {self.title} cell")
+        return getattr(nn, f"{self.torch_module}Cell")(input_size, hidden_size, **dict(self.torch_kwargs), **kwargs)
+
+    def torch_run(self) -> Callable:
+        """PyTorch's function for one layer of this cell (``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``)."""
+        if self.torch_function is None:
+            raise ValueError(f"PyTorch has no {self.title} cell")
+        return getattr(torch, self.torch_function)
+
+
+LLTM = CellSpec("lltm", "LLTM", ("input", "output", "candidate"), ("h", "c"), ("bias",), 3, False, False,
+                reference.lltm_step, lr_at_256=0.008, baselines=("lstm", "gru"), op_prefix="")
+LSTM = CellSpec("lstm", "LSTM", ("input", "forget", "cell", "output"), ("h", "c"), ("bias_ih", "bias_hh"), 4, False,
+                True, reference.lstm_step, lr_at_256=0.008, torch_module="LSTM", torch_function="lstm",
+                baselines=("lstm",))
+GRU = CellSpec("gru", "GRU", ("reset", "update", "new"), ("h",), ("bias_ih", "bias_hh"), 4, True, False,
+               reference.gru_step, lr_at_256=0.006, torch_module="GRU", torch_function="gru", baselines=("gru",))
+RNN_TANH = CellSpec("rnn", "RNN", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1, False, False,
+                    reference.rnn_tanh_step, lr_at_256=0.008, torch_module="RNN", torch_function="rnn_tanh",
+                    baselines=("rnn",))
+RNN_RELU = CellSpec("rnn_relu", "RNN (ReLU)", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1, False, False,
+                    reference.rnn_relu_step, lr_at_256=0.008, torch_module="RNN",
+                    torch_kwargs=(("nonlinearity", "relu"),), torch_function="rnn_relu", baselines=("rnn_relu",))
+
+CELLS: dict[str, CellSpec] = {spec.name: spec for spec in (LLTM, LSTM, GRU, RNN_TANH, RNN_RELU)}
 
 
 def cell_spec(name: str | CellSpec) -> CellSpec:
@@ -74,3 +143,15 @@ def cell_spec(name: str | CellSpec) -> CellSpec:
     if name not in CELLS:
         raise ValueError(f"unknown cell {name!r}; choose one of {', '.join(CELLS)}")
     return CELLS[name]
+
+
+def default_lr(cell: str, hidden_size: int) -> float:
+    """The default peak learning rate of ``cell`` at ``hidden_size`` units (``model.optimizer.lr`` when it is
+    not set): ``lr_at_256 * min(1, 256 / hidden_size)``, to 3 significant digits (a wider recurrent matrix
+    takes smaller steps: at 512 units the GRU diverged at the LLTM's 0.008, H200, 2026-12-01; measured on the
+    default job at 256, 512 and 1024 units, benchmarks/log). An unknown cell or a size below 1 gets the
+    LLTM's rate: the model then refuses them with its own message.
+    """
+    base = CELLS[cell].lr_at_256 if cell in CELLS else LLTM.lr_at_256
+    scale = 256 / hidden_size if isinstance(hidden_size, int) and not isinstance(hidden_size, bool) and hidden_size > 256 else 1.0
+    return float(f"{base * scale:.3g}")

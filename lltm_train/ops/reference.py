@@ -1,7 +1,7 @@
 """The cells in plain PyTorch: the ``python`` backend, and the oracle every other backend is tested against.
 
 One step of each cell, from its pre-activations (G blocks of H each) and its state, returns the new state
-(h first). For the LLTM and the LSTM the pre-activations are one sum,
+(h first). For the LLTM, the LSTM and the RNN the pre-activations are one sum,
 ``g = x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh``; the GRU keeps the two sides apart,
 ``gx = x @ weight_ih.T + bias_ih`` and ``gh = h @ weight_hh.T + bias_hh``:
 
@@ -22,6 +22,11 @@ One step of each cell, from its pre-activations (G blocks of H each) and its sta
       r, z = sigmoid of the first two blocks of gx + gh
       n = tanh(gx_n + r * gh_n)
       h' = (1 - z) * n + z * h
+
+- RNN (``torch.nn.RNN``, Elman's network: Elman 1990, "Finding Structure in Time"), with
+  ``nonlinearity="tanh"`` (the ``rnn`` cell) or ``"relu"`` (``rnn_relu``)::
+
+      h' = tanh(g)  or  relu(g)
 
 :func:`layer_forward` runs a step function over a sequence (the input projection of all T steps is one
 GEMM). Autograd differentiates these functions; they run on any device and dtype.
@@ -59,6 +64,14 @@ def gru_step(gx: Tensor, gh: Tensor, state: State) -> State:
     r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
     n = torch.tanh(x_n + r * h_n)
     return (n + z * (h - n),)
+
+
+def rnn_tanh_step(g: Tensor, state: State) -> State:
+    return (torch.tanh(g),)
+
+
+def rnn_relu_step(g: Tensor, state: State) -> State:
+    return (torch.relu(g),)
 
 
 def layer_forward(step: Callable[..., State], split: bool, input: Tensor, state: State, weight_ih: Tensor,

@@ -112,3 +112,24 @@ def spent_budget(trainer) -> str | None:
         return None
     return (f"lltm-train: warning: the time budget (trainer.max_time) was spent before this run started "
             f"({timer.time_elapsed('train'):,.1f} s trained); raise trainer.max_time to train on")
+
+
+PACE_STEPS = 20  # steps of a run after which its pace is known well enough to say what its time budget allows
+
+
+class BudgetNotice:
+    """Says :func:`budget_note`'s line once a run, when the pace of :data:`PACE_STEPS` steps is known."""
+
+    def __init__(self) -> None:
+        self.said = True  # nothing to say outside training
+
+    def start(self) -> None:
+        """Training starts: the line is due (if the budget bounds the run) after PACE_STEPS steps."""
+        self.said = False
+
+    def after_step(self, trainer, clock: TrainingClock) -> str | None:
+        """The line, the first time it is due (None otherwise, and when the budget does not bound the run)."""
+        if self.said or clock.this_run(trainer.global_step)[0] < PACE_STEPS:
+            return None
+        self.said = True
+        return budget_note(trainer, clock)

@@ -38,6 +38,7 @@ from ..data.base import Batch
 
 _log = logging.getLogger("lltm_train")
 _info = rank_zero_only(_log.info)
+_warn = rank_zero_only(_log.warning)
 
 # Hooks that the captured step does not call (it runs backward and the optimiser itself)
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
@@ -63,6 +64,27 @@ def why_not_captured(trainer, module, optimizer) -> str | None:
             if _overrides(owner, hook):
                 return f"{type(owner).__name__}.{hook} would not be called"
     return module.capture_refusal()
+
+
+def capture_training(trainer, module, cuda_graph: bool | str, step_fn: Callable[[Batch], tuple[Tensor, Tensor]],
+                     state: Callable[[], list[Tensor]]) -> CapturedStep | None:
+    """At the start of training: the :class:`CapturedStep` that runs the training steps (``step_fn``,
+    ``state``: as it takes them), or None when they run eagerly (``cuda_graph`` False, or the run cannot be
+    captured: one line says why, a warning when ``cuda_graph`` is True, else on a GPU only).
+
+    Tells Lightning's fit loop whether to leave out its own backward and zero_grad: the switch its
+    StochasticWeightAveraging uses."""
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    reason = None if cuda_graph is False else (
+        why_not_captured(trainer, module, optimizer) if optimizer is not None else "no optimiser")
+    captured = CapturedStep(step_fn, optimizer, state=state) if cuda_graph and reason is None else None
+    trainer.fit_loop._skip_backward = captured is not None
+    if reason is not None and cuda_graph is True:
+        _warn(f"lltm-train: warning: model.cuda_graph=true, but the training step is not captured: {reason}; "
+              "training eagerly")
+    elif reason is not None and trainer.strategy.root_device.type == "cuda":
+        _info(f"lltm-train: the training step runs eagerly, not as a CUDA graph: {reason}")
+    return captured
 
 
 def _overrides(owner, hook: str) -> bool:

@@ -12,13 +12,14 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from .. import validation as v
+from .. import checks as v
 from ..data.base import Batch
 from ..models import CharLM
-from .base import LLTMTask
+from .base import RecurrentTask
+from .resume import CHECKPOINT_KEY
 
 
-class LanguageModelTask(LLTMTask):
+class LanguageModelTask(RecurrentTask):
     """Trains :class:`~lltm_train.models.CharLM` on (x, y) batches of token ids, each (B, T).
 
     Args:
@@ -30,12 +31,12 @@ class LanguageModelTask(LLTMTask):
         stateful: carry the recurrent state from one batch to the next within a split (truncated
             backpropagation through time: detached, so gradients stop at the batch's first step), starting
             from zeros at each epoch, validation and test. For data sets whose batches are consecutive windows
-            of streams (``TaskSpec.stateful``, set from the data set). Checkpoints keep the training state.
-        **kwargs: :class:`LLTMTask`'s.
+            of streams (``Problem.stateful``, set from the data set). Checkpoints keep the training state.
+        **kwargs: :class:`~lltm_train.tasks.RecurrentTask`'s.
 
     Logs ``{train,val,test}/loss`` (cross-entropy per token, nats), ``val/perplexity`` (exp of the loss),
     ``val/bpc`` (bits per token, loss / ln 2: bits per character on text) and ``val/acc`` (next-token
-    accuracy). After each validation, when the data set can decode (its TaskSpec has ``decode``), prints
+    accuracy). After each validation, when the data set can decode (its Problem has ``decode``), prints
     and logs (TensorBoard text ``sample``) a generated sample.
     """
 
@@ -94,12 +95,12 @@ class LanguageModelTask(LLTMTask):
             # them, process r's batch rows after process r-1's. Every process saves, so the gather is safe.
             world = self.trainer.world_size
             state = _map(self._carried["train"], lambda t: torch.cat(list(self.all_gather(t)), 1) if world > 1 else t)
-            checkpoint["lltm_train"]["carried_state"] = _detached(state, device="cpu")
-            checkpoint["lltm_train"]["carried_world_size"] = world
+            checkpoint[CHECKPOINT_KEY]["carried_state"] = _detached(state, device="cpu")
+            checkpoint[CHECKPOINT_KEY]["carried_world_size"] = world
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get("lltm_train") or {}
+        saved = checkpoint.get(CHECKPOINT_KEY) or {}
         carried, world = saved.get("carried_state"), saved.get("carried_world_size", 1)
         self._carried = {}
         if not self.stateful or carried is None:
@@ -135,17 +136,17 @@ class LanguageModelTask(LLTMTask):
         self._log_epoch("test")
 
     def _sample(self) -> None:
-        spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
-        if self.sample_length <= 0 or spec is None or spec.decode is None or not self.trainer.is_global_zero:
+        problem = getattr(getattr(self.trainer, "datamodule", None), "problem", None)
+        if self.sample_length <= 0 or problem is None or problem.decode is None or not self.trainer.is_global_zero:
             return
         step = self.global_step if self.trainer.state.fn == "fit" else self.trained_steps  # lltm-evaluate: the checkpoint's
         loss = self.trainer.callback_metrics.get("val/loss")
         if loss is not None and not torch.isfinite(loss):  # a diverged model has no distribution to sample from
             self.print(f"\n--- no sample at step {step}: val/loss is {float(loss)} ---")
             return
-        prompt = spec.encode("\n") or [0]
+        prompt = problem.encode("\n") or [0]
         generator = torch.Generator().manual_seed(step)
-        text = spec.decode(self.net.generate(prompt, self.sample_length, self.sample_temperature, generator))
+        text = problem.decode(self.net.generate(prompt, self.sample_length, self.sample_temperature, generator))
         self.print(f"\n--- sample at step {step} ---\n{text}\n---")
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):

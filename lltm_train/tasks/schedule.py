@@ -1,5 +1,5 @@
-"""Learning rates: each cell's default peak learning rate by width, and schedules that follow the Trainer's
-current step budget (so a resumed run may extend it)."""
+"""Learning-rate schedules that follow the Trainer's current step budget (so a resumed run may extend it).
+Each cell's default peak learning rate is its spec's (:func:`lltm_train.ops.cells.default_lr`)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,6 @@ from collections.abc import Callable
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
-
-# AdamW's default peak learning rate for each cell at 256 units and below; wider layers scale it by
-# 256 / hidden_size (a wider recurrent matrix takes smaller steps: at 512 units the GRU diverged at the
-# LLTM's 0.008, H200, 2026-12-01). Measured on the default job at 256, 512 and 1024 units for every cell:
-# BENCHMARKS.md, "Learning rates".
-LR_AT_256 = {"lltm": 0.008, "lstm": 0.008, "gru": 0.006}
-
-
-def default_lr(cell: str, hidden_size: int) -> float:
-    """The default peak learning rate of ``cell`` at ``hidden_size`` units (``model.optimizer.lr`` when it is
-    not set): ``LR_AT_256[cell] * min(1, 256 / hidden_size)``, to 3 significant digits. An unknown cell or
-    a size below 1 gets the LLTM's rate: the model then refuses them with its own message.
-    """
-    base = LR_AT_256.get(cell, LR_AT_256["lltm"])
-    scale = 256 / hidden_size if isinstance(hidden_size, int) and hidden_size > 256 else 1.0
-    return float(f"{base * scale:.3g}")
 
 
 def warmup_cosine(optimizer: Optimizer, total_steps: Callable[[], float], warmup_fraction: float = 0.05,

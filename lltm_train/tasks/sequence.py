@@ -12,17 +12,17 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..data.base import Batch
 from ..models import SequenceClassifier, SequenceRegressor
-from .base import LLTMTask
+from .base import RecurrentTask
 
 
-class ClassificationTask(LLTMTask):
+class ClassificationTask(RecurrentTask):
     """Trains :class:`~lltm_train.models.SequenceClassifier` on (x, y) or (x, lengths, y) batches.
 
     Args:
         input_size: features per step; output_size: classes (both from the data set).
         hidden_size, num_layers, dropout, bidirectional, cell, backend: the network's; their defaults live
             in ``conf/model/classifier.yaml``.
-        **kwargs: :class:`LLTMTask`'s.
+        **kwargs: :class:`~lltm_train.tasks.RecurrentTask`'s.
 
     Logs ``{train,val,test}/loss`` (cross-entropy, nats) and ``{val,test}/acc``.
     """
@@ -47,14 +47,14 @@ class ClassificationTask(LLTMTask):
         return F.cross_entropy(logits, batch.y)
 
 
-class RegressionTask(LLTMTask):
+class RegressionTask(RecurrentTask):
     """Trains :class:`~lltm_train.models.SequenceRegressor` on (x, y) batches, y (B, output_size).
 
     Args: as :class:`ClassificationTask` (output_size: targets per sequence; defaults in
     ``conf/model/regressor.yaml``).
 
     Logs ``{train,val,test}/loss`` (mean squared error in the data's units) and ``{val,test}/mae``; when the
-    data set's TaskSpec has a ``scale`` other than 1 (units per standardised unit, e.g. CO2 ppm) also
+    data set's Problem has a ``scale`` other than 1 (units per standardised unit, e.g. CO2 ppm) also
     ``{val,test}/mae_units``.
     """
 
@@ -70,17 +70,17 @@ class RegressionTask(LLTMTask):
         self.mae = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})
         self.mae_units = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})  # in the data's units
 
-    def logged_metrics(self, spec) -> list[str]:
+    def logged_metrics(self, problem) -> list[str]:
         # mae_units only where the data has units (a scale other than 1), as step() logs it
-        return [n for n in self.metric_names if n != "mae_units" or spec.scale != 1.0]
+        return [n for n in self.metric_names if n != "mae_units" or problem.scale != 1.0]
 
     def step(self, batch: Batch, stage: str) -> Tensor:
         pred = self.net(batch.x, batch.lengths).float()
         if stage in self.mae:
             self.mae[stage].update(pred.detach(), batch.y)
             self.log(f"{stage}/mae", self.mae[stage])
-            spec = getattr(getattr(self.trainer, "datamodule", None), "task", None)
-            if spec is not None and spec.scale != 1.0:
-                self.mae_units[stage].update(pred.detach() * spec.scale, batch.y * spec.scale)
+            problem = getattr(getattr(self.trainer, "datamodule", None), "problem", None)
+            if problem is not None and problem.scale != 1.0:
+                self.mae_units[stage].update(pred.detach() * problem.scale, batch.y * problem.scale)
                 self.log(f"{stage}/mae_units", self.mae_units[stage])
         return F.mse_loss(pred, batch.y)
