@@ -104,8 +104,6 @@ LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
 // (kBiases = 1) or `bias_ih, bias_hh`.
 template <typename Cell>
 struct Schema {
-  static constexpr int kForwardArgs = 6 + Cell::kHasCell + Cell::kBiases;
-  static constexpr int kBackwardArgs = 9 + 2 * Cell::kHasCell + Cell::kNeedsCPrev;
   static std::string forward_name() { return std::string(Cell::kOpPrefix) + "layer_forward"; }
   static std::string backward_name() { return std::string(Cell::kOpPrefix) + "layer_backward"; }
   static const char* bias_name() { return Cell::kBiases == 1 ? "bias" : "bias_ih"; }
@@ -130,125 +128,75 @@ struct Schema {
   }
 };
 
-// The ops' arguments on a boxed stack <-> the cell-independent form, by Schema<Cell>'s order.
+// The fields of each of a cell's op argument lists and result lists, in Schema<Cell>'s order: visit(value, f)
+// calls f on every field the cell has. Reading from and writing to a boxed stack both follow these orders.
 template <typename Cell>
-LayerInputs read_forward_args(torch::jit::Stack& stack) {
-  const at::ArrayRef<c10::IValue> args = torch::jit::last(stack, Schema<Cell>::kForwardArgs);
-  size_t i = 0;
-  LayerInputs a;
-  a.input = args[i++].toTensor();
-  a.h0 = args[i++].toTensor();
-  if (Cell::kHasCell) a.c0 = args[i++].toTensor();
-  a.weight_ih = args[i++].toTensor();
-  a.weight_hh = args[i++].toTensor();
-  a.bias_ih = args[i++].toOptional<Tensor>();
-  if (Cell::kBiases == 2) a.bias_hh = args[i++].toOptional<Tensor>();
-  a.lengths = args[i++].toOptional<Tensor>();
-  a.save = args[i++].toBool();
-  torch::jit::drop(stack, Schema<Cell>::kForwardArgs);
-  return a;
-}
-
-template <typename Cell>
-void push_forward_args(torch::jit::Stack& stack, const LayerInputs& a) {
-  stack.reserve(stack.size() + Schema<Cell>::kForwardArgs);
-  stack.emplace_back(a.input);
-  stack.emplace_back(a.h0);
-  if (Cell::kHasCell) stack.emplace_back(a.c0);
-  stack.emplace_back(a.weight_ih);
-  stack.emplace_back(a.weight_hh);
-  stack.emplace_back(a.bias_ih);
-  if (Cell::kBiases == 2) stack.emplace_back(a.bias_hh);
-  stack.emplace_back(a.lengths);
-  stack.emplace_back(a.save);
-}
-
-template <typename Cell>
-void push_outputs(torch::jit::Stack& stack, const LayerOutputs& r) {
-  stack.emplace_back(r.output);
-  stack.emplace_back(r.h_n);
-  if (Cell::kHasCell) {
-    stack.emplace_back(r.c_n);
-    stack.emplace_back(r.cells);
+struct ForwardArgs {
+  template <typename A, typename F>
+  void operator()(A& a, F&& f) const {
+    f(a.input), f(a.h0);
+    if constexpr (Cell::kHasCell) f(a.c0);
+    f(a.weight_ih), f(a.weight_hh), f(a.bias_ih);
+    if constexpr (Cell::kBiases == 2) f(a.bias_hh);
+    f(a.lengths), f(a.save);
   }
-  stack.emplace_back(r.activations);
-}
+};
 
 template <typename Cell>
-LayerOutputs pop_outputs(torch::jit::Stack& stack) {
-  constexpr size_t n = 3 + 2 * Cell::kHasCell;
-  const at::ArrayRef<c10::IValue> v = torch::jit::last(stack, n);
-  LayerOutputs r = Cell::kHasCell ? LayerOutputs{v[0].toTensor(), v[1].toTensor(), v[2].toTensor(), v[3].toTensor(),
-                                                 v[4].toTensor()}
-                                  : LayerOutputs{v[0].toTensor(), v[1].toTensor(), Tensor(), Tensor(), v[2].toTensor()};
+struct ForwardResults {
+  template <typename R, typename F>
+  void operator()(R& r, F&& f) const {
+    f(r.output), f(r.h_n);
+    if constexpr (Cell::kHasCell) f(r.c_n), f(r.cells);
+    f(r.activations);
+  }
+};
+
+template <typename Cell>
+struct BackwardArgs {
+  template <typename A, typename F>
+  void operator()(A& a, F&& f) const {
+    f(a.grad_output), f(a.grad_h_n);
+    if constexpr (Cell::kHasCell) f(a.grad_c_n);
+    f(a.input), f(a.h0);
+    if constexpr (Cell::kNeedsCPrev) f(a.c0);
+    f(a.weight_ih), f(a.weight_hh), f(a.output);
+    if constexpr (Cell::kHasCell) f(a.cells);
+    f(a.activations), f(a.lengths);
+  }
+};
+
+template <typename Cell>
+struct BackwardResults {
+  template <typename G, typename F>
+  void operator()(G& g, F&& f) const {
+    f(g.input), f(g.h0);
+    if constexpr (Cell::kHasCell) f(g.c0);
+    f(g.weight_ih), f(g.weight_hh), f(g.bias_ih);
+    if constexpr (Cell::kBiases == 2) f(g.bias_hh);
+  }
+};
+
+inline void assign(Tensor& field, const c10::IValue& v) { field = v.toTensor(); }
+inline void assign(OptTensor& field, const c10::IValue& v) { field = v.toOptional<Tensor>(); }
+inline void assign(bool& field, const c10::IValue& v) { field = v.toBool(); }
+
+// Pushes the fields of `value` that `visit` names onto a boxed stack.
+template <typename T, typename Visit>
+void push(torch::jit::Stack& stack, const T& value, Visit visit) {
+  visit(value, [&](const auto& field) { stack.emplace_back(field); });
+}
+
+// Takes the fields that `visit` names off the top of a boxed stack.
+template <typename T, typename Visit>
+T pop(torch::jit::Stack& stack, Visit visit) {
+  T value;
+  size_t n = 0;
+  visit(value, [&](auto&) { ++n; });
+  size_t i = stack.size() - n;
+  visit(value, [&](auto& field) { assign(field, stack[i++]); });
   torch::jit::drop(stack, n);
-  return r;
-}
-
-template <typename Cell>
-LayerGradInputs read_backward_args(torch::jit::Stack& stack) {
-  const at::ArrayRef<c10::IValue> args = torch::jit::last(stack, Schema<Cell>::kBackwardArgs);
-  size_t i = 0;
-  LayerGradInputs a;
-  a.grad_output = args[i++].toOptional<Tensor>();
-  a.grad_h_n = args[i++].toOptional<Tensor>();
-  if (Cell::kHasCell) a.grad_c_n = args[i++].toOptional<Tensor>();
-  a.input = args[i++].toTensor();
-  a.h0 = args[i++].toTensor();
-  if (Cell::kNeedsCPrev) a.c0 = args[i++].toTensor();
-  a.weight_ih = args[i++].toTensor();
-  a.weight_hh = args[i++].toTensor();
-  a.output = args[i++].toTensor();
-  if (Cell::kHasCell) a.cells = args[i++].toTensor();
-  a.activations = args[i++].toTensor();
-  a.lengths = args[i++].toOptional<Tensor>();
-  torch::jit::drop(stack, Schema<Cell>::kBackwardArgs);
-  return a;
-}
-
-template <typename Cell>
-void push_backward_args(torch::jit::Stack& stack, const LayerGradInputs& a) {
-  stack.reserve(stack.size() + Schema<Cell>::kBackwardArgs);
-  stack.emplace_back(a.grad_output);
-  stack.emplace_back(a.grad_h_n);
-  if (Cell::kHasCell) stack.emplace_back(a.grad_c_n);
-  stack.emplace_back(a.input);
-  stack.emplace_back(a.h0);
-  if (Cell::kNeedsCPrev) stack.emplace_back(a.c0);
-  stack.emplace_back(a.weight_ih);
-  stack.emplace_back(a.weight_hh);
-  stack.emplace_back(a.output);
-  if (Cell::kHasCell) stack.emplace_back(a.cells);
-  stack.emplace_back(a.activations);
-  stack.emplace_back(a.lengths);
-}
-
-template <typename Cell>
-void push_grads(torch::jit::Stack& stack, const LayerGrads& g) {
-  stack.emplace_back(g.input);
-  stack.emplace_back(g.h0);
-  if (Cell::kHasCell) stack.emplace_back(g.c0);
-  stack.emplace_back(g.weight_ih);
-  stack.emplace_back(g.weight_hh);
-  stack.emplace_back(g.bias_ih);
-  if (Cell::kBiases == 2) stack.emplace_back(g.bias_hh);
-}
-
-template <typename Cell>
-LayerGrads pop_grads(torch::jit::Stack& stack) {
-  constexpr size_t n = 5 + Cell::kHasCell + (Cell::kBiases == 2);
-  const at::ArrayRef<c10::IValue> v = torch::jit::last(stack, n);
-  size_t i = 0;
-  LayerGrads g;
-  g.input = v[i++].toTensor();
-  g.h0 = v[i++].toTensor();
-  if (Cell::kHasCell) g.c0 = v[i++].toTensor();
-  g.weight_ih = v[i++].toTensor();
-  g.weight_hh = v[i++].toTensor();
-  g.bias_ih = v[i++].toTensor();
-  if (Cell::kBiases == 2) g.bias_hh = v[i++].toTensor();
-  torch::jit::drop(stack, n);
-  return g;
+  return value;
 }
 
 // Calls a cell's op through the dispatcher (below autograd, from the autograd kernels).
@@ -257,9 +205,9 @@ LayerOutputs call_forward(const LayerInputs& a) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(("lltm::" + Schema<Cell>::forward_name()).c_str(), "");
   torch::jit::Stack stack;
-  push_forward_args<Cell>(stack, a);
+  push(stack, a, ForwardArgs<Cell>{});
   op.callBoxed(stack);
-  return pop_outputs<Cell>(stack);
+  return pop<LayerOutputs>(stack, ForwardResults<Cell>{});
 }
 
 template <typename Cell>
@@ -267,22 +215,20 @@ LayerGrads call_backward(const LayerGradInputs& a) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(("lltm::" + Schema<Cell>::backward_name()).c_str(), "");
   torch::jit::Stack stack;
-  push_backward_args<Cell>(stack, a);
+  push(stack, a, BackwardArgs<Cell>{});
   op.callBoxed(stack);
-  return pop_grads<Cell>(stack);
+  return pop<LayerGrads>(stack, BackwardResults<Cell>{});
 }
 
 // A kernel of a cell's forward (backward) op, from a function of the cell-independent arguments.
 template <typename Cell, LayerOutputs (*F)(const LayerInputs&)>
 void boxed_forward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  const LayerOutputs r = F(read_forward_args<Cell>(*stack));
-  push_outputs<Cell>(*stack, r);
+  push(*stack, F(pop<LayerInputs>(*stack, ForwardArgs<Cell>{})), ForwardResults<Cell>{});
 }
 
 template <typename Cell, LayerGrads (*F)(const LayerGradInputs&)>
 void boxed_backward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  const LayerGrads g = F(read_backward_args<Cell>(*stack));
-  push_grads<Cell>(*stack, g);
+  push(*stack, F(pop<LayerGradInputs>(*stack, BackwardArgs<Cell>{})), BackwardResults<Cell>{});
 }
 
 template <typename Cell, const Recurrence& R>
