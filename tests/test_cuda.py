@@ -151,8 +151,10 @@ def test_batches_beyond_the_grid_limit(cell, H, full_float32):
     exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
     ours = relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)
     python = relative_errors(forward_backward(p, "python", upstream, cell=cell), exact)
-    for name, a, b in zip(NAMES[cell.name], ours, python):  # sums over 210,000 rows: compared with float64
-        assert a <= max(2 * b, 1e-6), f"{name}: cuda {a:.2e}, python {b:.2e}"
+    # Sums over 210,000 rows, compared with float64. The floor is the 1e-5 that float32 meets above at 481 rows:
+    # 1e-6 (8 float32 ulps) failed one H200 draw on b_hh (cuda 1.003e-6, python 2.5e-7; LLTM_TEST_SEED=1025665759).
+    for name, a, b in zip(NAMES[cell.name], ours, python):
+        assert a <= max(2 * b, 1e-5), f"{name}: cuda {a:.2e}, python {b:.2e}"
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
