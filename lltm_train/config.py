@@ -25,6 +25,17 @@ def _default_lr(cell, hidden_size) -> float:
 # model.optimizer.lr's default: each cell's rule (conf/model/optim/adamw_cosine.yaml)
 OmegaConf.register_new_resolver("lltm_lr", _default_lr, replace=True)
 
+TIME_BUDGET_WARMUP_STEPS = 50  # the schedule's warm-up with a time budget: a short budget takes a few hundred steps
+
+
+def _warmup_steps(max_time) -> int | None:
+    """model.scheduler.warmup_steps's default: with a time budget (trainer.max_time) the warm-up is a number of
+    steps, not a fraction of an estimate that the first steps' timing sets; else None (warmup_fraction)."""
+    return None if max_time is None else TIME_BUDGET_WARMUP_STEPS
+
+
+OmegaConf.register_new_resolver("lltm_warmup_steps", _warmup_steps, replace=True)
+
 FUSED_BACKENDS = ("python", "cpp", "cuda")
 
 

@@ -26,11 +26,12 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
-from .run_files import (CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV, TENSORBOARD,
-                        config_record, overrides_record)
+from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV,
+                        TENSORBOARD, config_record, overrides_record)
 
 # wall_s: seconds of training to the last logged value (time/train_seconds; else from the run's first log);
-# tokens_per_s: the run's average; at_seconds: the metric at --at-seconds (the last validation by then)
+# tokens_per_s: the run's tokens over its seconds of training (tokens_per_s(), which tokens_per_s.png plots too);
+# at_seconds: the metric at --at-seconds (the last validation by then)
 COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best", "best_step", "at_seconds",
            "tokens_per_s", "peak_cuda_mib", "wall_s", "parameters"]
 
@@ -56,6 +57,7 @@ class Run:
     optimized_metric: str | None = None  # the run's config key (what a search optimised; the report's default)
     curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, wall time, value)
     started: float | None = None  # wall time of the first TensorBoard event (the logger's start)
+    problems: list[str] = field(default_factory=list)  # its damaged files: "<file>: <what is wrong>", one line each
 
     def curve(self, tag: str) -> list[tuple[int, float, float]]:
         return self.curves.get(tag, [])
@@ -78,11 +80,42 @@ class Run:
         return reached[-1] if reached else None
 
 
-def _yaml(path: Path):
-    try:
-        return yaml.safe_load(path.read_text()) if path.is_file() else None
-    except yaml.YAMLError:
+def _yaml(path: Path, problems: list[str] | None = None, kind: type = dict):
+    """The content of a YAML file, a ``kind`` (a mapping, or a list); None when there is no such file, or when
+    it cannot be read, is not YAML or holds something else (a damaged file), whose problem, in a few words,
+    is then added to ``problems`` as ``<file name>: <problem>``."""
+    if not path.is_file():
         return None
+    try:
+        content = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        problem = f"not text (byte {exc.object[exc.start]:#04x} at offset {exc.start} is not UTF-8)"
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = f"not valid YAML ({where}{getattr(exc, 'problem', None) or str(exc).splitlines()[0]})"
+    else:
+        if content is None or isinstance(content, kind):
+            return content
+        problem = f"holds {_kind_name(type(content))}, not {_kind_name(kind)}"
+    if problems is not None:
+        problems.append(f"{path.parent.name}/{path.name}: {problem}")
+    return None
+
+
+def _kind_name(kind: type) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(kind, f"a value of type {kind.__name__}")
+
+
+def _section(config: dict, key: str, problems: list[str], kind: type = dict):
+    """``config[key]`` of the run's config (None when absent, or when it is no ``kind``: a damaged file)."""
+    value = config.get(key)
+    if value is None or isinstance(value, kind):
+        return value
+    problems.append(f"{HYDRA}/{CONFIG}: {key} is {_shortened(repr(value), 40)}, not {_kind_name(kind)}")
+    return None
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -101,18 +134,21 @@ def read_run(path: Path) -> Run:
 
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its reader logs each file it moves to
     run = Run(path)
-    overrides = _yaml(overrides_record(path)) or []
-    run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o and not o.startswith("hydra."))
-    config = _yaml(config_record(path)) or {}
-    hparams = _yaml(path / TENSORBOARD / HPARAMS) or _yaml(path / CSV / HPARAMS) or {}
+    # a damaged file (cut short, overwritten, hand-edited) is left out, and said in run.problems
+    overrides = _yaml(overrides_record(path), run.problems, list) or []
+    run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides
+                         if isinstance(o, str) and "=" in o and not o.startswith("hydra."))
+    config = _yaml(config_record(path), run.problems) or {}
+    hparams = (_yaml(path / TENSORBOARD / HPARAMS, run.problems) or _yaml(path / CSV / HPARAMS, run.problems)
+               or {})
     if not hparams and (path / MLFLOW_DB).is_file():
         hparams = _mlflow_params(path / MLFLOW_DB)
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
     if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
-    run.cell = str((config.get("model") or {}).get("cell", ""))
+    run.cell = str((_section(config, "model", run.problems) or {}).get("cell", ""))
     run.parameters = hparams.get("num_parameters")
-    run.optimized_metric = config.get("optimized_metric")
+    run.optimized_metric = _section(config, "optimized_metric", run.problems, str)
     if (path / CSV / METRICS_CSV).is_file():
         run.curves = _csv_curves(path / CSV)
     elif (path / MLFLOW_DB).is_file():
@@ -127,32 +163,33 @@ def read_run(path: Path) -> Run:
             pass
         for tag in acc.Tags().get("scalars", []):
             run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
-    max_steps = (config.get("trainer") or {}).get("max_steps")
+    trainer = _section(config, "trainer", run.problems) or {}
+    max_steps = trainer.get("max_steps")
     last_step = max((s for c in run.curves.values() for s, _, _ in c), default=None)
     if (path / DIVERGED).is_file():  # model.divergence: warn (it finished) or stop (it also failed)
-        first = (path / DIVERGED).read_text().splitlines()[:1]
+        first = (path / DIVERGED).read_text(errors="replace").splitlines()[:1]
         stopped = (path / ERROR).is_file()
         run.status = ("diverged, stopped: " if stopped else "diverged: ") + (first[0] if first else "")
     elif (path / ERROR).is_file():
-        first = (path / ERROR).read_text().splitlines()[:1]
+        first = (path / ERROR).read_text(errors="replace").splitlines()[:1]
         run.status = "failed: " + (_shortened(first[0]) if first else "")
     elif not run.curves and "logger" in config and not config["logger"]:
         run.status = "not logged (logger=none)"
     elif not run.curves:
         run.status = "no events (crashed before logging, or still starting)"
     elif (isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps
-          and not _spent_its_time_budget(config, run.curves)):
+          and not _spent_its_time_budget(trainer, run.curves)):
         run.status = f"unfinished at step {last_step + 1} of {max_steps} (running, or stopped)"
     return run
 
 
-def _spent_its_time_budget(config: dict, curves: dict) -> bool:
+def _spent_its_time_budget(trainer: dict, curves: dict) -> bool:
     """Whether a run with ``trainer.max_time`` trained for (nearly) all of it: it ended on time, before its
     ``max_steps``."""
     from .config import ConfigError, max_time_seconds  # imported here: it imports torch, which lltm-report never needs
 
     try:
-        budget = max_time_seconds((config.get("trainer") or {}).get("max_time"))
+        budget = max_time_seconds(trainer.get("max_time"))
     except (ConfigError, ValueError):
         return False
     trained = [value for _, _, value in curves.get("time/train_seconds", [])]
@@ -243,6 +280,27 @@ def _label(run: Run, changed: list[str]) -> str:
     return text if len(text) <= 72 else text[:71] + "…"
 
 
+def tokens_per_s(run: Run) -> float | None:
+    """The run's tokens over its seconds of training: the run average it logged at its end (what its console's
+    last line said); else (a run killed before its end, or older than that figure) the logged windows'
+    tokens over their seconds, a window's seconds being its ``step_ms`` times its steps (taken as those since
+    the window before; a validation restarts a window, so the one after it is shorter than that); else the
+    mean of the windows' rates. Not that mean when it can be avoided: it counts a slow first window (set-up,
+    compilation) or a short one as much as any other, and overstates the run's pace."""
+    average = run.curve("throughput/tokens_per_s_run_average")
+    if average and math.isfinite(average[-1][2]):
+        return average[-1][2]
+    rates = {s: v for s, _, v in run.curve("throughput/tokens_per_s") if math.isfinite(v)}
+    step_ms = {s: v for s, _, v in run.curve("throughput/step_ms") if math.isfinite(v) and v > 0}
+    steps = sorted(rates)
+    if steps and set(steps) <= set(step_ms):
+        lengths = [b - a for a, b in zip(steps, steps[1:])]
+        lengths = [min([steps[0] + 1, *lengths[:1]]), *lengths]  # the first: from step 0, at most as the next
+        seconds = [step_ms[s] * n / 1000 for s, n in zip(steps, lengths)]
+        return sum(rates[s] * t for s, t in zip(steps, seconds)) / sum(seconds)
+    return sum(rates.values()) / len(rates) if rates else None
+
+
 def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> list[dict]:
     """One row per run (see COLUMNS), best final ``metric`` first (highest for accuracies, else lowest), or
     best ``metric`` reached within ``at_seconds`` of training; runs without it, or whose value is not finite
@@ -256,8 +314,6 @@ def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> 
         final = r.curve(metric)[-1][2] if r.curve(metric) else None
         diverged = r.status == "finished" and final is not None and not math.isfinite(final)
         status = f"diverged ({metric} = {final})" if diverged else r.status
-        average = r.curve("throughput/tokens_per_s_run_average")  # else (older runs) the mean of the windows
-        tokens = [average[-1][2]] if average else [v for _, _, v in r.curve("throughput/tokens_per_s")]
         memory = [v for _, _, v in r.curve("memory/peak_cuda_mib")]
         times = [t for c in r.curves.values() for _, t, _ in c if math.isfinite(t)]
         seconds = [t for t, _ in r.timed("time/train_seconds")] or [t for t, _ in r.timed(metric)]
@@ -269,7 +325,7 @@ def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> 
             "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
             "best_step": best[0] if best else None,
             "at_seconds": reached if reached is not None and math.isfinite(reached) else None,
-            "tokens_per_s": sum(tokens) / len(tokens) if tokens else None,
+            "tokens_per_s": tokens_per_s(r),
             "peak_cuda_mib": max(memory) if memory else None,
             "wall_s": max(seconds) if seconds else
             ((max(times) - min(times + ([r.started] if r.started else []))) or None if times else None),
@@ -389,9 +445,10 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     save(fig, "train_loss.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [label[r.path] for r in runs]
-    rates = [(lambda t: sum(t) / len(t) if t else 0.0)([v for _, _, v in r.curve("throughput/tokens_per_s")]) for r in runs]
-    ax.barh(names, rates)
-    ax.set(xlabel="tokens/s (run average)")
+    rates = [tokens_per_s(r) for r in runs]  # the table's figure
+    bars = ax.barh(names, [math.nan if v is None else v for v in rates])
+    ax.bar_label(bars, labels=["" if v is None else f"{v:,.0f}" for v in rates], fontsize=7, padding=2)
+    ax.set(xlabel="tokens/s (the run's tokens over its seconds of training)")
     save(fig, "tokens_per_s.png")
     return written
 
@@ -403,6 +460,11 @@ def _optuna_summary(root: Path) -> str:
         return ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results["best_params"].items())
     return f"Optuna's best trial: {params} (value {results.get('best_value')}).\n\n"
+
+
+def _relative(path: Path, root: Path) -> str:
+    """A run's folder as the report names it: relative to the report's folder (``.``: that folder itself)."""
+    return str(path.relative_to(root)) if path != root else "."
 
 
 class ReportCallback(Callback):
@@ -444,6 +506,9 @@ def main(argv: list[str] | None = None) -> None:
     if any(root not in (p, *p.parents) for p in paths):  # DIR is a run's own tensorboard/ or csv/ folder
         root = paths[0] if len(paths) == 1 else Path(os.path.commonpath(paths))
     runs = [read_run(p) for p in paths]
+    damaged = [f"run {_relative(r.path, root)}: {problem}; reported without it" for r in runs for problem in r.problems]
+    for line in damaged:  # one line each, naming the run; the other runs are reported as usual
+        print(f"lltm-report: warning: {line}", file=sys.stderr)
     if a.metric is None:
         chosen = {r.optimized_metric for r in runs if r.optimized_metric}
         a.metric = chosen.pop() if len(chosen) == 1 else "val/loss"
@@ -461,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     rows = summarise(runs, a.metric, a.at_seconds)
     for row in rows:
-        row["run"] = str(Path(row["run"]).relative_to(root)) if Path(row["run"]) != root else "."
+        row["run"] = _relative(Path(row["run"]), root)
     table = markdown(rows, a.metric, a.at_seconds)
     plots = plot(runs, a.metric, out)
     better = "higher" if higher_is_better(a.metric) else "lower"
@@ -469,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     notes = at_seconds_notes(runs, rows, a.metric, a.at_seconds) if a.at_seconds else ""
     (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by {by} ({better} is better; finished runs "
                                    f"only).\n\n{table}\n{notes}"
+                                   + "".join(f"Damaged: {line}.\n" for line in damaged) + ("\n" if damaged else "")
                                    + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
     with open(out / "report.csv", "w", newline="") as f:

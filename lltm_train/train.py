@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import run_files
 from .backends import resolve_backend
 from .callbacks import Throughput
+from .callbacks.stop import signals_handled
 from .checkpoints import check_fits, resolve_checkpoint, slurm_requeued
 from .config import ConfigError, check_config, max_time_seconds
 from .data import SequenceDataModule
@@ -269,7 +270,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
     try:
-        _fit_and_test(cfg, datamodule, task, trainer, ckpt, output_dir)
+        with signals_handled(trainer):  # a signal after fit's training too (the final validation, the test)
+            _fit_and_test(cfg, datamodule, task, trainer, ckpt, output_dir)
     except Exception:
         for logger in tensorboards:
             end_run(logger, success=False)

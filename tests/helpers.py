@@ -54,9 +54,12 @@ class SignalAt(L.Callback):
 
     def __init__(self, step: int, signum: int, rank: int | None = None) -> None:
         self.step, self.signum, self.rank = step, signum, rank  # rank: under DDP, only that process gets it
+        self.sent = False  # once: under gradient accumulation a step starts several batches
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and trainer.ckpt_path is None:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and trainer.ckpt_path is None \
+                and not self.sent:
+            self.sent = True
             os.kill(os.getpid(), self.signum)
 
 

@@ -10,11 +10,13 @@ import time
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from helpers import make_cfg, run
 from lltm_train.config import ConfigError, max_time_seconds
 from lltm_train.report import Run, at_seconds_notes, main as report_main, pareto_front, read_run, summarise
+from lltm_train.tasks.schedule import warmup_cosine
 from lltm_train.train import train
 
 SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1"]
@@ -43,8 +45,9 @@ def test_a_time_budget_ends_the_run_on_time_with_its_schedule_finished(tmp_path,
     slow = ["+callbacks.slow._target_=test_budget.SlowFirstStep"] if slow_first_step else []
     # The learning rate is logged at every step, from the first: on a loaded machine (the GPU host's 14 test
     # workers) a 4 s run may take only a few dozen steps, and a warm-up of 5% of them is over by step 5.
+    # A warm-up of 3 steps (a time budget's default, 50, is as long as this whole run).
     cfg = make_cfg(tmp_path, *SMALL, "trainer.max_time=4", "trainer.max_steps=-1", "trainer.val_check_interval=20",
-                   "trainer.log_every_n_steps=1", *slow)
+                   "trainer.log_every_n_steps=1", "model.scheduler.warmup_steps=3", *slow)
     with caplog.at_level(logging.WARNING, logger="lltm_train"):
         train(cfg)
     lrs = [v for _, v in scalars(tmp_path, "lr-AdamW")]
@@ -54,6 +57,43 @@ def test_a_time_budget_ends_the_run_on_time_with_its_schedule_finished(tmp_path,
     seconds = [v for _, v in scalars(tmp_path, "time/train_seconds")]
     assert seconds == sorted(seconds) and 4 <= seconds[-1] < 6
     assert not any("schedule" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("slow_first_step", [False, True], ids=["steady", "slow first step"])
+def test_a_time_budget_warms_up_by_steps_whatever_the_first_steps_timing(tmp_path, slow_first_step):
+    """With trainer.max_time the steps the budget allows are known only from the pace of the first steps: the
+    warm-up is a number of steps (the config's default for a time budget), so the first steps' learning rates
+    are the same whatever their timing (a fraction of the provisional estimate once went 0, 0, peak)."""
+    slow = ["+callbacks.slow._target_=test_budget.SlowFirstStep"] if slow_first_step else []
+    cfg = make_cfg(tmp_path, *SMALL, "trainer.max_time=3", "trainer.max_steps=-1", "trainer.val_check_interval=20",
+                   "trainer.log_every_n_steps=1", *slow)
+    warmup = OmegaConf.to_container(cfg, resolve=True)["model"]["scheduler"].get("warmup_steps")
+    assert isinstance(warmup, int) and warmup > 1
+    train(cfg)
+    lrs = [v for _, v in scalars(tmp_path, "lr-AdamW")]
+    first = min(len(lrs), warmup)
+    assert first >= 3
+    assert lrs[:first] == pytest.approx([cfg.model.optimizer.lr * (s + 1) / warmup for s in range(first)], rel=1e-6)
+
+
+def test_a_resumed_time_budget_goes_on_at_the_pace_it_had(tmp_path):
+    """A time budget's run resumed with a larger budget: its first step trains at the learning rate of the
+    schedule that the checkpoint's pace gives (the steps the time left allows), not at a provisional
+    schedule's until it has measured its own pace."""
+    common = [*SMALL, "trainer.max_steps=-1", "trainer.val_check_interval=20", "trainer.log_every_n_steps=1",
+              "trainer.num_sanity_val_steps=0", "model.scheduler.warmup_steps=2"]
+    train(make_cfg(tmp_path, *common, "trainer.max_time=3"))
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    step, (paced_steps, paced_seconds) = saved["global_step"], saved["lltm_train"]["pace"]
+    # the first step (its set-up) left out
+    assert step >= 5 and paced_steps == step - 1 and 0 < paced_seconds < saved["lltm_train"]["train_seconds"]
+    cfg = make_cfg(tmp_path, *common, "trainer.max_time=6", "ckpt_path=last")
+    train(cfg)
+    total = step + (6 - saved["lltm_train"]["train_seconds"]) * paced_steps / paced_seconds
+    schedule = warmup_cosine(torch.optim.SGD([torch.zeros(1)], lr=1.0), total_steps=lambda: total, warmup_steps=2)
+    peak, logged = cfg.model.optimizer.lr, dict(scalars(tmp_path, "lr-AdamW"))
+    assert logged[step] == pytest.approx(peak * schedule.lr_lambdas[0](step), abs=0.05 * peak)
+    assert logged[step] > 0.2 * peak
 
 
 class StopAt(L.Callback):

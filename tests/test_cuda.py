@@ -226,27 +226,59 @@ def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
         assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-def test_float32_precision_in_float32s_class_over_2048_steps(full_float32):
-    """float32 with TF32 off ("highest"): over 2,048 steps (the stepped path's cuBLAS float32 products), each
-    output's and gradient's error against float64, as a ratio to the python backend's, has a geometric mean
-    within 8x over three draws and is within 64x in every draw. The ratio of two correct float32 errors is
-    heavy-tailed over this many steps: the cpp backend's / python's spanned 0.07x-10.7x over 20 draws (seeds
-    0-19, H 128, CPU), and the H200's cuda / python gave 26.6x for h_n and 23.9x for the x gradient in single
-    draws, where a rule of "within 8x in every draw" failed. TF32 or a 16-bit intermediate would give 100x or
-    more in every draw (13 or more mantissa bits fewer)."""
-    T, B, I = 2048, 4, 8
-    for H in (128, 256):
-        ratios = []
-        for _ in range(3):
-            p = params(T, B, I, H, torch.float32, scale=0.5)
-            upstream = upstream_for(LLTM, T, B, H, torch.float32)
-            exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
-            ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
-            python = relative_errors(forward_backward(p, "python", upstream), exact)
-            ratios.append([a / max(b, 5e-8) for a, b in zip(ours, python)])
-        for name, r in zip(NAMES["lltm"], zip(*ratios)):
-            geometric_mean = math.prod(r) ** (1 / len(r))
-            assert geometric_mean <= 8 and max(r) <= 64, f"H={H} {name}: cuda's error / python's in three draws: {r}"
+def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24):
+    """The error against float64 of float64 itself when every input is perturbed by one rounding of unit
+    roundoff ``unit`` (float32's 2^-24 by default, float16's 2^-11; random sign): what any computation in that
+    dtype of this draw must expect, however it sums."""
+    def nudge(t):
+        return t * (1 + (torch.rand_like(t, dtype=torch.float64) * 2 - 1) * unit)
+
+    p, upstream = [t.double() for t in p], [u.double() for u in upstream]
+    exact = forward_backward(p, "python", upstream, lengths, cell=cell)
+    return relative_errors(forward_backward([nudge(t) for t in p], "python", [nudge(u) for u in upstream], lengths,
+                                            cell=cell), exact)
+
+
+@pytest.mark.parametrize("B, H", [(4, 64), (4, 128), (4, 256), (1, 128)])
+def test_float32_precision_in_float32s_class_over_2048_steps(B, H, full_float32):
+    """float32 with TF32 off ("highest"), 2,048 steps: in every draw, each output's and gradient's error against
+    float64 is within 8x the larger of the python backend's and the draw's conditioning (`conditioning`).
+
+    Issue 41 saw cuda / python reach 18.6x (H 128) and 89x (H 64) in single draws, and earlier runs 26.6x (h_n)
+    and 23.9x (the x gradient); cpp / python spanned 0.07x-10.7x over 20 CPU draws. The tail is the
+    denominator's: each float32 computation's error is one random draw on the scale of the conditioning, and
+    python's own was as low as 0.2x it. H200, 36 draws (scripts/float32_tail.py; LLTM, I 8, H 64-256, B 4 and 1):
+    cuda's error <= 3.7x max(python's, the conditioning) for every output, python's on the GPU <= 3.2x
+    max(python's on the CPU, the conditioning); TF32 or a 16-bit intermediate gives 1,000x or more."""
+    T, I = 2048, 8
+    for _ in range(3):
+        p = params(T, B, I, H, torch.float32, scale=0.5)
+        upstream = upstream_for(LLTM, T, B, H, torch.float32)
+        exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+        ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
+        python = relative_errors(forward_backward(p, "python", upstream), exact)
+        floor = conditioning(p, upstream)
+        for name, a, b, k in zip(NAMES["lltm"], ours, python, floor):
+            assert a <= 8 * max(b, k), f"{name}: cuda {a:.2e}, python {b:.2e}, the draw's conditioning {k:.2e}"
+
+
+@pytest.mark.parametrize("H", [64, 256])
+def test_tf32_at_batch_1_is_in_tf32s_class(H, tf32_on):
+    """With TF32 allowed, the fused kernels round every product's inputs to TF32 (10 mantissa bits, 2^13 times
+    float32's unit roundoff) at every batch size, where the python backend's forward products at batch 1 are
+    cuBLAS matrix-vector products in full float32 (docs/api.md says so). H200, T 512, H 64-256, 4 draws each:
+    cuda's error 0.5x-15x python's (geometric means 1.2x-4.2x), 2,000x-76,000x the draw's float32
+    conditioning. Asserted: within TF32's class (4 * 2^13 times the float32 error), so a broken kernel (an
+    error of order 1) fails."""
+    T, B, I = 512, 1, 8
+    p = params(T, B, I, H, torch.float32, scale=0.5)
+    upstream = upstream_for(LLTM, T, B, H, torch.float32)
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream])
+    ours = relative_errors(forward_backward(p, "cuda", upstream), exact)
+    torch.set_float32_matmul_precision("highest")
+    float32 = relative_errors(forward_backward(p, "python", upstream), exact)
+    for name, a, b, k in zip(NAMES["lltm"], ours, float32, conditioning(p, upstream)):
+        assert a <= 4 * 2**13 * max(b, k), f"{name}: cuda (TF32) {a:.2e}, python (float32) {b:.2e}, conditioning {k:.2e}"
 
 
 def test_tf32_errors_over_2048_steps_are_reported(tf32_on):
@@ -327,8 +359,13 @@ def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, precision, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16bit_variable_lengths_as_accurate_as_python(cell, H, dtype):
     """Rows that end early (lengths, as packed sequences give) on the 16-bit persistent kernels: outputs
-    and gradients against float64 no worse than the python backend's in the same dtype, zeros after a
-    row's end, and the same results twice (bitwise)."""
+    and gradients against float64 no worse than the python backend's in the same dtype (or than 4x the
+    draw's conditioning in that dtype), zeros after a row's end, and the same results twice (bitwise).
+
+    The conditioning term is the ReLU RNN's: its derivative jumps at 0, so a pre-activation that a rounding
+    moves across 0 changes the x gradient by a whole term. H200, float16, H 256: cuda 3.2e-3 where python's
+    draw was 3.1e-4; 12 CPU draws (this test's sizes): python's float16 error of the x gradient 3.3e-4 to
+    2.4e-2, the float16 conditioning 3.3e-3 to 4.1e-2."""
     cell = CELLS[cell]
     T, B = 40, 11
     p = params(T, B, 24, H, dtype, scale=0.5, cell=cell)
@@ -337,8 +374,11 @@ def test_16bit_variable_lengths_as_accurate_as_python(cell, H, dtype):
     exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], lengths, cell=cell)
     ours = forward_backward(p, "cuda", upstream, lengths, cell=cell)
     python = relative_errors(forward_backward(p, "python", upstream, lengths, cell=cell), exact)
-    for name, a, b in zip(NAMES[cell.name], relative_errors(ours, exact), python):
-        assert a <= max(1.5 * b, 1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: cuda {a:.2e}, python {b:.2e}"
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    floors = conditioning(p, upstream, cell, lengths, unit)
+    for name, a, b, k in zip(NAMES[cell.name], relative_errors(ours, exact), python, floors):
+        assert a <= max(1.5 * b, 4 * k, 1e-2 if dtype == torch.bfloat16 else 2e-3), \
+            f"{name}: cuda {a:.2e}, python {b:.2e}, the draw's conditioning {k:.2e}"
     assert torch.all(ours[0][17:, 3] == 0) and torch.all(ours[0][:, 2] == 0)
     assert all(torch.equal(a, b) for a, b in zip(ours, forward_backward(p, "cuda", upstream, lengths, cell=cell)))
 

@@ -282,6 +282,88 @@ def test_a_signal_during_a_validation_finishes_it_and_resumes_exactly(tmp_path, 
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+class SignalIn(L.Callback):
+    """Sends the process a signal at the second batch of a phase outside fit's training steps: the sanity check
+    ("sanity"), the validation after the last step ("final": in fit, or trainer.validate after it) or the test
+    ("test"); in a fresh run only (a resume runs with the run's own callbacks)."""
+
+    def __init__(self, phase: str, signum: int) -> None:
+        self.phase, self.signum, self.fresh = phase, signum, True
+
+    def on_fit_start(self, trainer, pl_module):
+        self.fresh = trainer.ckpt_path is None
+
+    def _at(self, phase, batch_idx):
+        if phase == self.phase and batch_idx == 1 and self.fresh:
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        last = trainer.global_step == trainer.max_steps
+        self._at("sanity" if trainer.sanity_checking else "final" if last else "during fit", batch_idx)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._at("test", batch_idx)
+
+
+# 15 steps: validations after steps 10 and 15 (the last step, between validations); a sanity check; a test.
+AFTER_FIT = [*[o for o in DURING_VALIDATION if not o.startswith(("trainer.max_steps", "trainer.num_sanity"))],
+             "trainer.max_steps=15", "trainer.num_sanity_val_steps=2", "test=true"]
+
+
+@pytest.fixture(scope="module")
+def after_fit_whole(tmp_path_factory):
+    """The uninterrupted run of AFTER_FIT (its folder)."""
+    where = tmp_path_factory.mktemp("whole")
+    result = run(where, *AFTER_FIT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return where / "run"
+
+
+@pytest.mark.parametrize("phase", ["final", "test", pytest.param("sanity", marks=pytest.mark.slow)])
+def test_a_signal_outside_the_training_steps_stops_the_run_and_the_resume_completes_it(tmp_path, after_fit_whole, phase):
+    """SIGTERM during the validation after the last step, the test or the sanity check: the phase under way
+    finishes (a validation's or test's figures are logged), the run stops with the line and status 143 (before
+    the test, if that is still to come), and the resume completes the run: the same figures and weights as
+    the uninterrupted run."""
+    stopped = run(tmp_path, *AFTER_FIT, "+callbacks.sig._target_=test_preemption.SignalIn", f"+callbacks.sig.phase={phase}",
+                  f"+callbacks.sig.signum={int(signal.SIGTERM)}")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    step = 1 if phase == "sanity" else 15  # after the sanity check, the first step runs, and the stop follows it
+    assert f"stopped by SIGTERM; the state after step {step} is in" in stopped.stderr, stopped.stderr[-3000:]
+    a, b = after_fit_whole, tmp_path / "run"
+    if phase == "final":  # the validation finished and was logged; the test was left to the resume
+        assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
+        assert "test/loss" not in EventAccumulator(str(b / "tensorboard")).Reload().Tags()["scalars"]
+    resumed = run(tmp_path, *AFTER_FIT, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for tag in ("train/loss", "val/loss", "test/loss"):
+        assert [v for _, v in _scalars(b, tag)] == [v for _, v in _scalars(a, tag)], tag
+    weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_signal_under_gradient_accumulation_saves_at_a_step_boundary_and_resumes_exactly(tmp_path):
+    """With two batches a step, SIGTERM at a step's first batch lets the step finish (its second batch and
+    the optimiser step) before saving: the resumed run has the uninterrupted run's losses and weights."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    settings = [*[o for o in DURING_VALIDATION if not o.startswith("trainer.max_steps")], "trainer.max_steps=20",
+                "+trainer.accumulate_grad_batches=2"]
+    whole = run(tmp_path / "a", *settings)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = run(tmp_path / "b", *settings, "+callbacks.signal_at._target_=helpers.SignalAt", "+callbacks.signal_at.step=6",
+                  f"+callbacks.signal_at.signum={int(signal.SIGTERM)}")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM; the state after step 7 is in" in stopped.stderr, stopped.stderr[-3000:]
+    resumed = run(tmp_path / "b", *settings, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    assert _scalars(b, "train/loss") == _scalars(a, "train/loss")
+    assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
+    weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(tmp_path):
     """A run ended by max_steps part way through an epoch, resumed with a larger max_steps: the same losses,
     validations and final weights as one run of the larger max_steps (the end-of-run checkpoint is a
@@ -303,7 +385,9 @@ def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(tmp_path)
     a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
     assert [s for s, _ in _scalars(b, "train/loss")] == list(range(45))
     assert _scalars(b, "train/loss") == _scalars(a, "train/loss")
-    assert _scalars(b, "val/loss") == _scalars(a, "val/loss")
+    # and b's final validation after its step 25 (logged at 24, as the one after step 10 is at 9), which a has not
+    assert [s for s, _ in _scalars(b, "val/loss")] == [9, 19, 24, 29, 39, 44]
+    assert [p for p in _scalars(b, "val/loss") if p[0] != 24] == _scalars(a, "val/loss")
     weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 

@@ -161,6 +161,70 @@ def test_a_runs_own_logger_folder_reports_that_run(tmp_path, one_run):
         assert [row["run"] for row in csv.DictReader(f)] == ["."]
 
 
+def test_the_tokens_per_s_plot_shows_the_tables_figure_the_runs_tokens_over_its_seconds(tmp_path, one_run,
+                                                                                        monkeypatch):
+    """tokens_per_s.png plotted the mean of the logged windows' rates (+18% over the table's figure on a run whose
+    first window was slow): it plots the table's figure, the run's tokens over its seconds, for a finished run
+    (its logged run average) and for a killed one (none logged: its windows of unequal lengths and rates)."""
+    from matplotlib.figure import Figure
+
+    from lltm_train.report import plot, read_run
+
+    finished = read_run(one_run / "r")  # one window a step (log_every_n_steps=1): each window's seconds is its step_ms
+    rates, step_ms = ([v for _, _, v in finished.curve(f"throughput/{tag}")] for tag in ("tokens_per_s", "step_ms"))
+    assert len(rates) == len(step_ms) == 4
+    finished_tokens_per_s = sum(r * ms for r, ms in zip(rates, step_ms)) / sum(step_ms)
+    # killed at step 10, logging every 4 steps (then every 2): windows (steps, tokens, seconds), the first slow
+    windows = [(range(0, 4), 400, 2.0), (range(4, 8), 400, 0.25), (range(8, 10), 200, 0.125)]
+    killed = Run(tmp_path / "killed", curves={
+        "throughput/tokens_per_s": [(w[-1], 0.0, n / t) for w, n, t in windows],
+        "throughput/step_ms": [(w[-1], 0.0, 1000 * t / len(w)) for w, n, t in windows],
+        "val/loss": [(9, 0.0, 1.0)]})
+    killed_tokens_per_s = sum(n for _, n, _ in windows) / sum(t for _, _, t in windows)
+    assert sum(n / t for _, n, t in windows) / len(windows) > 2 * killed_tokens_per_s  # what the mean would say
+    plotted = {}
+    savefig = Figure.savefig
+
+    def recording_savefig(fig, name, *args, **kwargs):
+        plotted[Path(name).name] = [bar.get_width() for ax in fig.axes for bar in ax.patches]
+        return savefig(fig, name, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    runs = [finished, killed]
+    rows = {Path(row["run"]).name: row["tokens_per_s"] for row in summarise(runs, "val/loss")}
+    plot(runs, "val/loss", tmp_path)
+    assert plotted["tokens_per_s.png"] == pytest.approx([rows["r"], rows["killed"]], rel=1e-6)  # the table's figures
+    assert rows["r"] == pytest.approx(finished_tokens_per_s, rel=1e-5)
+    assert rows["killed"] == pytest.approx(killed_tokens_per_s, rel=1e-6)
+
+
+def test_a_damaged_run_config_is_one_line_naming_the_run_and_the_other_runs_are_reported(tmp_path, one_run):
+    """A .hydra/config.yaml cut short, overwritten with bytes or a list, or not YAML: it was a traceback."""
+    text = (one_run / "r" / ".hydra" / "config.yaml").read_text()
+    damaged = {
+        "cut": (text[: text.index("\nmodel:\n  o") + len("\nmodel:\n  o")].encode(), "model is 'o', not a mapping"),
+        "bytes": (bytes(range(128, 256)), "not text (byte 0x80 at offset 0 is not UTF-8)"),
+        "list": (b"- a\n- b\n", "holds a list, not a mapping"),
+        "unclosed": (text.replace("\nmodel:\n", "\nmodel: [\n", 1).encode(), "not valid YAML (line "),
+    }
+    for name in ["fine", *damaged]:
+        shutil.copytree(one_run / "r", tmp_path / name)
+    for name, (content, _) in damaged.items():
+        (tmp_path / name / ".hydra" / "config.yaml").write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "lltm_train.report", str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("lltm-report: warning: ")]
+    assert len(warnings) == len(damaged), result.stderr
+    for (name, (_, problem)), line in zip(sorted(damaged.items()), warnings):  # the runs in the order of their folders
+        assert line.startswith(f"lltm-report: warning: run {name}: .hydra/config.yaml: {problem}"), line
+    with open(tmp_path / "report.csv") as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    assert set(rows) == {"fine", *damaged} and all(row["status"] == "finished" and row["final"] for row in rows.values())
+    assert rows["fine"]["cell"] == "lltm" and rows["fine"]["backend"] == "cpp"
+    assert "Damaged: run list: .hydra/config.yaml: holds a list" in (tmp_path / "report.md").read_text()
+
+
 def _lltm_regressor_parameters(hidden: int, inputs: int = 2, outputs: int = 1) -> int:
     return 3 * hidden * (inputs + hidden + 1) + hidden * outputs + outputs  # the LLTM layer and the linear head
 

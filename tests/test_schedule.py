@@ -118,3 +118,27 @@ def test_boundary_fractions_are_accepted():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = warmup_cosine(optimizer, lambda: 10, 0.0, 1.0)  # final 1: a constant lr
     assert [scheduler.lr_lambdas[0](s) for s in range(12)] == pytest.approx([1.0] * 12)
+
+
+def test_warmup_steps_fix_the_warm_up_whatever_the_budget_says():
+    """A time budget's step count is a provisional 1e6 until the pace is known, then an estimate: a warm-up of
+    warmup_steps steps goes up by the same amounts whatever the estimate, then decays over what it says."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
+    budget = {"total": 1e6}
+    scheduler = warmup_cosine(optimizer, lambda: budget["total"], warmup_steps=4)
+    first = lrs(optimizer, scheduler, 2)
+    budget["total"] = 12  # the pace is known: 12 steps in all
+    rest = lrs(optimizer, scheduler, 11)
+    assert first + rest[:2] == pytest.approx([PEAK * s / 4 for s in (1, 2, 3, 4)])
+    assert rest[2 + 4] == pytest.approx(PEAK * 0.5)  # step 8: half way through the 8 decay steps
+    assert rest[-1] == pytest.approx(0.0, abs=1e-12)
+    # no end (no budget at all): the warm-up still applies, then the peak
+    assert [warmup_cosine(optimizer, lambda: math.inf, warmup_steps=4).lr_lambdas[0](s) for s in (0, 3, 9)] == \
+        pytest.approx([0.25, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("warmup_steps", [-1, 2.5, True, "10"])
+def test_invalid_warmup_steps_are_refused(warmup_steps):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="warmup_steps must be a whole number >= 0"):
+        warmup_cosine(optimizer, lambda: 100, warmup_steps=warmup_steps)

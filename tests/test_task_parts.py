@@ -129,12 +129,12 @@ def test_a_checkpoint_carries_the_random_states_the_count_the_seconds_and_the_cl
     task.on_save_checkpoint(checkpoint)
     saved = checkpoint[CHECKPOINT_KEY]
     assert CHECKPOINT_KEY == "lltm_train"
-    assert set(saved) == {"rng_cpu", "rng_cuda", "skipped_steps", "task", "train_seconds"}
+    assert set(saved) == {"rng_cpu", "rng_cuda", "skipped_steps", "task", "train_seconds", "pace"}
     assert saved["task"] == "lltm_train.tasks.language_model.LanguageModelTask"
-    assert saved["skipped_steps"] == 0 and saved["train_seconds"] == 0.0
+    assert saved["skipped_steps"] == 0 and saved["train_seconds"] == 0.0 and saved["pace"] == (0, 0.0)
     resumed = LanguageModelTask(5, 5, **NET)
-    resumed.on_load_checkpoint({CHECKPOINT_KEY: {**saved, "skipped_steps": 3, "train_seconds": 12.5}})
-    assert resumed.guard.total() == 3 and resumed.clock.seconds() == 12.5
+    resumed.on_load_checkpoint({CHECKPOINT_KEY: {**saved, "skipped_steps": 3, "train_seconds": 12.5, "pace": (40, 8.0)}})
+    assert resumed.guard.total() == 3 and resumed.clock.seconds() == 12.5 and resumed.clock.pace(0) == (40, 8.0)
 
 
 def test_a_resume_restores_the_random_state_and_the_schedule_s_rate_once():

@@ -164,6 +164,26 @@ def test_validation_counts_optimiser_steps_under_gradient_accumulation(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["best-step8.ckpt", "last.ckpt"]
 
 
+def test_a_run_that_ends_between_validations_validates_its_last_step_as_any_other(tmp_path, caplog, capsys):
+    """max_steps=7 with a validation every 4 steps: the final validation, after step 7, is one like the others:
+    the best checkpoints (every validation's, here) include step 7's, its sample is step 7's (printed and in
+    TensorBoard) and the closing line still has the training loss."""
+    cfg = make_cfg(tmp_path, *SMALL["shakespeare"], "trainer.max_steps=7", "trainer.val_check_interval=4",
+                   "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "callbacks.model_checkpoint.save_top_k=-1")
+    with caplog.at_level("INFO", logger="lltm_train"):
+        metrics = train(cfg)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["best-step4.ckpt", "best-step7.ckpt",
+                                                                              "last.ckpt"]
+    printed = capsys.readouterr().out
+    assert "--- sample at step 4 ---" in printed and "--- sample at step 7 ---" in printed
+    assert "sample at step 0" not in printed
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("sample/text_summary")] == [4, 7]
+    done = next(r.getMessage() for r in caplog.records if "lltm-train: done." in r.getMessage())
+    assert "train/loss" in metrics and f"train/loss={metrics['train/loss']:.4g}" in done
+
+
 def test_test_split_is_evaluated_with_the_best_checkpoint_even_when_it_is_gone(tmp_path, caplog):
     common = ["dataset=adding", *SMALL["adding"], "dataset.test_size=16", "trainer.max_steps=4", "trainer.val_check_interval=2",
               "test=true"]

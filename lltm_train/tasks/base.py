@@ -271,6 +271,11 @@ class RecurrentTask(L.LightningModule, ABC):
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if _last_step(self.trainer):
+            # Stopping at the last step as an early stop does makes Lightning validate now, inside fit, when the
+            # run ends between validations: its ModelCheckpoint (best-step) sees it, the sample and the logs get
+            # the run's step, and the training figures (train/loss) stay in the callback metrics.
+            self.trainer.should_stop = True
         note = self.budget_notice.after_step(self.trainer, self.clock)
         if note:
             _info(note)
@@ -287,11 +292,24 @@ class RecurrentTask(L.LightningModule, ABC):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.guard.check_weights(self.parameters())
         checkpoint[CHECKPOINT_KEY] = saved_state(self, self.guard.total(), self.clock.seconds())
+        # (steps, seconds) at the pace so far: a resumed time budget's schedule goes on from it, not from a
+        # provisional length until its own pace is known
+        checkpoint[CHECKPOINT_KEY]["pace"] = self.clock.pace(self.global_step)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = self.resumed.load(checkpoint)  # applied when training starts: see on_train_start
         self.guard.resume(int(state.get("skipped_steps", 0)))
         self.clock.offset = float(state.get("train_seconds", 0.0))
+        steps, seconds = state.get("pace", (0, 0.0))
+        self.clock.carried_pace = (int(steps), float(seconds))
+
+
+def _last_step(trainer) -> bool:
+    """Whether the step just taken is the run's last: ``max_steps`` reached, or the last batch of the last epoch."""
+    if 0 < trainer.max_steps <= trainer.global_step:
+        return True
+    last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
+    return last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
 
 LLTMTask = RecurrentTask  # the former name (it trains every cell): user code that names it keeps working

@@ -8,18 +8,21 @@ import time
 
 from lightning.pytorch.callbacks import Timer
 
-# The schedule's length before the first step's time is known (with a time budget and no step limit): long
-# enough that the first step is taken at a small fraction of the peak learning rate, in the warm-up.
+# The schedule's length before the pace is known (a new run's first two steps, with a time budget and no step
+# limit): long enough that those steps are in the warm-up (a fraction of it), or at the start of the decay (a
+# warm-up of warmup_steps, the config's default with a time budget). A resumed run knows its pace already.
 PROVISIONAL_STEPS = 1_000_000.0
 
 
 class TrainingClock:
     """Seconds of training (from the start of ``fit``'s training, validations included, as Lightning's
     ``max_time`` counts them), plus the seconds of the runs this one resumed (:attr:`offset`, restored from
-    the checkpoint)."""
+    the checkpoint); and the pace of training, the runs this one resumed included (:attr:`carried_pace`,
+    restored from the checkpoint too)."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.carried_pace: tuple[int, float] = (0, 0.0)  # pace()'s (steps, seconds) when the checkpoint was saved
         self._started: float | None = None
         self._start_step = 0
         self._paced: tuple[int, float] | None = None  # (step, time) when the run's first step had ended
@@ -48,13 +51,16 @@ class TrainingClock:
     def pace(self, step: int) -> tuple[int, float]:
         """(steps, seconds) since this run's first step ended: the pace of training, without the first step's
         one-time set-up (a CUDA graph's capture, compilation, cuDNN's autotuning), which can take more than
-        a short budget's thousands of steps. (0, 0.0) until a step after the first has ended."""
+        a short budget's thousands of steps; plus :attr:`carried_pace`, the runs this one resumed (so that a
+        resumed run knows its pace from its first step). (0, 0.0) in a new run until a step after the first
+        has ended."""
+        steps, seconds = self.carried_pace
         if self._started is None or step <= self._start_step:
-            return 0, 0.0
+            return steps, seconds
         if self._paced is None:
-            self._paced = (step, time.perf_counter())
-            return 0, 0.0
-        return step - self._paced[0], time.perf_counter() - self._paced[1]
+            self._paced = (step, self._now())
+            return steps, seconds
+        return steps + step - self._paced[0], seconds + self._now() - self._paced[1]
 
 
 def _timer(trainer) -> Timer | None:
