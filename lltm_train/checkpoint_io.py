@@ -28,9 +28,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
@@ -46,7 +46,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             kept = f"; the previous {path.name} is intact" if path.is_file() else ""
             raise CheckpointWriteError(f"cannot write the checkpoint {path}: the disk is full or failing{kept}") from None
         finally:
-            partial.unlink(missing_ok=True)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:  # a read-only disk refuses even this: the error above is the one to report
+                pass
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # the rename itself survives a power cut

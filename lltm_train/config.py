@@ -199,6 +199,26 @@ def check_config(cfg: DictConfig) -> None:
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         raise ConfigError(f"ckpt_path: expected a path or 'last', got {ckpt!r}")
+    if OmegaConf.select(cfg, "model.compile") is True:
+        missing = missing_compiler()
+        if missing:
+            raise ConfigError(f"model.compile=true: torch.compile's Inductor needs a C++ compiler ({missing}); install g++ "
+                              "(or name one in CXX), or set model.compile=false")
+
+
+def missing_compiler() -> str | None:
+    """None where torch.compile's default backend (Inductor) finds a C++ compiler (it builds the CPU kernels and
+    a GPU's Triton launchers with it), else what it says: a wheel install on a bare machine has none, and the
+    first step would end in a long Inductor traceback."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:  # a torch that moved it: leave the check to Inductor
+        return None
+    try:
+        get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001 - InvalidCxxCompiler, or whatever a future torch raises
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
 
 
 MAX_TIME_UNITS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}

@@ -254,3 +254,16 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, 
         cli.main()
     assert exit_.value.code == 2
     assert f"lltm-train: error: cannot write the run directory {tmp_path / 'locked'} (permission denied)" in capsys.readouterr().err
+
+
+def test_model_compile_without_a_cxx_compiler_is_one_line(tmp_path, monkeypatch):
+    """torch.compile's Inductor builds C++: with no compiler (a wheel install on a bare machine; here CXX names
+    none and Inductor's other candidate, a conda g++, is not installed by default) model.compile=true is one
+    line before training starts, not Inductor's traceback at the first step."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+    result = lltm_train(tmp_path, *TINY, "model.compile=true")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lltm-train: error: model.compile=true: torch.compile's Inductor needs a C++ compiler (")
+    assert "no-such-g++" in last and last.endswith("or set model.compile=false")

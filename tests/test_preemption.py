@@ -213,6 +213,32 @@ def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint_whole(tmp_p
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # what every run writes with
 
 
+def test_a_read_only_checkpoint_folder_is_one_error_keeping_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A disk remounted read-only (after I/O errors): opening the temporary file and removing it both fail with
+    EROFS; the error is the one-line CheckpointWriteError (the cli prints it), not the removal's."""
+    import errno
+    import pathlib
+
+    from lltm_train import checkpoint_io
+    from lltm_train.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(checkpoint_io, "open", read_only, raising=False)
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    with pytest.raises(CheckpointWriteError) as error:
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    assert error.value.errno == errno.EROFS and "\n" not in str(error.value)
+    assert f"cannot write the checkpoint {path}: Read-only file system; the previous last.ckpt is intact" in str(error.value)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+
+
 def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newest_good_one(tmp_path):
     from lltm_train.config import ConfigError
 

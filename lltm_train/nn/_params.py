@@ -39,7 +39,8 @@ def _own_gradient(param: nn.Parameter):
     copy of the parameter per zero_grad(set_to_none=True)); otherwise the hook passes it through.
     """
     def hook(grad):
-        if param.grad is None and grad.is_cuda and _cudagraph_trees_in_use(grad.device):
+        # (grad is None where autograd passes an undefined gradient, as torch.autograd.gradcheck's checks do)
+        if grad is not None and param.grad is None and grad.is_cuda and _cudagraph_trees_in_use(grad.device):
             return grad.clone()
         return grad
 
@@ -77,6 +78,13 @@ class BackendMixin:
     def backend(self, value: str) -> None:
         check_backend_name(value, self.cell.name)
         self._backend = value
+
+    def __prepare_scriptable__(self):
+        """torch.jit.script calls this first: TorchScript cannot compile the backends' dispatch (the custom ops
+        are chosen in Python), so it is refused in one line instead of TorchScript's internal error."""
+        raise RuntimeError(f"{type(self).__name__} cannot be compiled by torch.jit.script (its backends are chosen in "
+                           "Python); record it with torch.jit.trace, or with torch.export.export (lltm-export "
+                           "writes both)")
 
 
 class CellMixin:
