@@ -49,8 +49,10 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from .console import quiet_upstream_warnings
     from .inference import load_task
 
+    quiet_upstream_warnings()
     parser = argparse.ArgumentParser(prog="lltm-evaluate", description=evaluate_main.__doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("--split", choices=("test", "val"), default="test")

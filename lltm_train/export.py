@@ -2,13 +2,16 @@
 
 Formats (``--format``):
 
-- ``torchscript``: ``torch.jit.trace`` of the model, for TorchScript in Python or C++ (``torch::jit::load``),
-  with the op library loaded (``import lltm_train``, or ``torch.ops.load_library`` of the compiled ops).
-  T and B may vary. The vocabulary is inside, as the extra file ``vocab.json``.
-- ``exported``: a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``), T and B dynamic
-  (1 to 100,000 each); ``import lltm_train`` makes its ops known.
-- ``aoti``: an AOTInductor package (``torch._inductor.aoti_load_package``), compiled for the device at
-  hand, T and B dynamic as for ``exported``.
+- ``aoti`` (the default): ``torch.export`` of the model compiled by AOTInductor into a package (``.pt2``) for the
+  device at hand, T and B dynamic (1 to 100,000 each). Python: ``torch._inductor.aoti_load_package`` (after
+  ``import lltm_train``, which registers the ops); C++: ``torch::inductor::AOTIModelPackageLoader`` with the op
+  library loaded (``examples/cpp``). The vocabulary and the state's size are inside, as the package's metadata
+  ``vocab.json`` and ``config.json``.
+- ``exported``: a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``), T and B dynamic as for
+  ``aoti``; ``import lltm_train`` makes its ops known. The same two files are inside as extra files.
+- ``torchscript`` (deprecated: torch.jit is deprecated upstream since torch 2.13): ``torch.jit.trace`` of the
+  model, for TorchScript in Python or C++ (``torch::jit::load``), with the op library loaded. T and B may vary.
+  The same two files are inside as extra files. It stays while torch has torch.jit.
 
 Every format has one interface, by the state of the model's cell: ``(tokens (T, B) int64, h0 (L, B, H),
 c0 (L, B, H)) -> (logits (T, B, V), h_n, c_n)`` for the cells with a c state (LLTM, LSTM), ``(tokens, h0) ->
@@ -32,8 +35,12 @@ from torch import Tensor, nn
 
 from .nn import RecurrentLayers
 
-FORMATS = ("torchscript", "exported", "aoti")
+FORMATS = ("aoti", "exported", "torchscript")
+DEFAULT_FORMAT = "aoti"
+SUFFIXES = {"aoti": ".pt2", "exported": ".pt2", "torchscript": ".pt"}
 MAX_DIM = 100_000
+TORCHSCRIPT_DEPRECATED = ("--format torchscript is deprecated: torch.jit is deprecated upstream since torch 2.13; the "
+                          "default, --format aoti (torch.export + AOTInductor, a .pt2 package), replaces it")
 
 
 class TokenModel(nn.Module):
@@ -83,42 +90,53 @@ def example_inputs(model: nn.Module, T: int = 5, B: int = 3, seed: int = 0) -> t
     return (torch.randint(0, V, (T, B), generator=g).to(device), *state)
 
 
+def metadata(model: nn.Module, vocab: list[str] | None) -> dict[str, str]:
+    """What a program needs besides the file to sample from it (``examples/cpp`` reads them): ``vocab.json``, the
+    vocabulary as a JSON list, and ``config.json``, the state's size (``num_layers``, ``hidden_size``, and
+    ``states``: 2 for (h, c), 1 for h alone). The package metadata of ``aoti``, the extra files of the others."""
+    rnn = model.net.rnn
+    return {"vocab.json": json.dumps(vocab or [], ensure_ascii=False),
+            "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size,
+                                       "states": num_states(model)})}
+
+
 def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Path:
     """Writes ``model`` to ``out`` in format ``fmt`` (and ``<out>.vocab.json``); returns ``out``.
 
     Raises:
         ValueError: ``out`` is a directory, or it or its vocabulary file cannot be written (checked first:
-            nothing is left behind).
+            nothing is left behind), or ``fmt`` is ``torchscript`` and this torch has no ``torch.jit.trace``.
     """
     model = model.eval()
     args = example_inputs(model)
-    _check_writable(out)
-    _check_writable(Path(f"{out}.vocab.json"))
-    with torch.no_grad():
+    _check_writable(out, fmt)
+    _check_writable(Path(f"{out}.vocab.json"), fmt)
+    extra = metadata(model, vocab)
+    with torch.no_grad(), warnings.catch_warnings():
+        # a deprecation inside torch's own pytree code, which AOTInductor's packaging reports
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
         if fmt == "torchscript":
-            with warnings.catch_warnings():  # the Python API's shape checks become constants: the ops check again
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                traced = torch.jit.trace(model, args, check_trace=False)
-            rnn = model.net.rnn
-            extra = {"vocab.json": json.dumps(vocab or [], ensure_ascii=False),  # read by examples/cpp
-                     "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size,
-                                                "states": num_states(model)})}
+            if not hasattr(torch.jit, "trace"):
+                raise ValueError(f"--format torchscript: torch {torch.__version__} has no torch.jit.trace; use --format aoti")
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the Python API's shape checks become
+            traced = torch.jit.trace(model, args, check_trace=False)  # constants: the ops check again
             torch.jit.save(traced, str(out), _extra_files=extra)
             _write_vocab(out, vocab)
             return out
         T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
         program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
         if fmt == "exported":
-            torch.export.save(program, str(out))
+            torch.export.save(program, str(out), extra_files=extra)
         else:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(out))
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out),
+                                                     inductor_configs={"aot_inductor.metadata": extra})
     _write_vocab(out, vocab)
     return out
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, fmt: str = DEFAULT_FORMAT) -> None:
     if path.is_dir():
-        raise ValueError(f"{path} is a directory; give the file to write, e.g. {path / 'model.pt'}")
+        raise ValueError(f"{path} is a directory; give the file to write, e.g. {path / ('model' + SUFFIXES[fmt])}")
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,25 +187,42 @@ def check_in_fresh_process(model: nn.Module, fmt: str, path: Path, T: int = 7, B
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .config import ConfigError
+    from .config import ConfigError, missing_compiler
     from .inference import load_task, vocabulary
 
     parser = argparse.ArgumentParser(prog="lltm-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a checkpoint of a text (or copy) model, e.g. outputs/.../checkpoints/last.ckpt")
-    parser.add_argument("out", help="the file to write")
-    parser.add_argument("--format", choices=FORMATS, default="torchscript")
+    parser.add_argument("out", help="the file to write (.pt2 for aoti and exported)")
+    parser.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
+                        help="aoti (the default): torch.export + AOTInductor, a .pt2 package compiled for this machine "
+                        "(needs a C++ compiler), for Python and C++ (examples/cpp); exported: a torch.export program "
+                        "(.pt2); torchscript: torch.jit.trace (.pt), DEPRECATED: torch.jit is deprecated upstream "
+                        "since torch 2.13 (this format stays while torch has it)")
     parser.add_argument("--backend", default="auto", help="the backend the file runs: auto, python, cpp, cuda (or torch "
                         "for a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
+    if a.format == "torchscript":
+        print(f"lltm-export: warning: {TORCHSCRIPT_DEPRECATED}", file=sys.stderr)
     try:
-        if a.format == "aoti" and not a.out.endswith(".pt2"):
-            raise ValueError(f"an AOTInductor package is a .pt2 file: name it so ({a.out}.pt2)")
+        out = Path(a.out)
+        _check_writable(out, a.format)  # before the checkpoint is read: a wrong name fails at once
+        if a.format == "aoti":
+            if out.suffix != ".pt2":
+                name = out.with_suffix(".pt2") if out.suffix == ".pt" else f"{out}.pt2"
+                raise ValueError(f"an AOTInductor package (--format aoti, the default) is a .pt2 file: name it {name}"
+                                 + (" (or give --format torchscript, deprecated, for a TorchScript file)" if out.suffix == ".pt" else ""))
+            missing = missing_compiler()
+            if missing:
+                raise ConfigError(f"--format aoti: AOTInductor compiles the model with a C++ compiler ({missing}); install "
+                                  "g++ (or name one in CXX), or give --format exported (torch.export, no compiler)")
         task, ckpt = load_task(a.checkpoint, a.backend, a.device)
         if not hasattr(task.net, "embedding"):
             raise ConfigError("lltm-export takes token models (the text data sets, copy)")
         model = token_model(task.net)
-        out = export(model, a.format, Path(a.out), vocabulary(ckpt))
+        with warnings.catch_warnings():  # torch's own "torch.jit.trace is deprecated": the warning above says it once
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+            out = export(model, a.format, out, vocabulary(ckpt))
         error = check_in_fresh_process(model, a.format, out)
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"lltm-export: error: {exc}", file=sys.stderr)

@@ -2,13 +2,15 @@
 
 It reads what each run left: TensorBoard's event files (through tensorboard's own ``EventAccumulator``) or
 the CSV logger's ``csv/metrics.csv`` (``logger=csv``), ``.hydra/overrides.yaml`` and ``.hydra/config.yaml``,
-the logger's ``hparams.yaml``, ``error.txt`` of a failed sweep job and ``checkpoints/last.ckpt``'s step. It
-writes ``report.md`` and ``report.csv`` (one row per run, best metric first; failed and unfinished runs are
-listed too), and PNG plots with matplotlib: the validation metric against step and against seconds of
-training (``time/train_seconds``, counted across resumes), with the Pareto front of quality against time
-marked, the smoothed training loss, and tokens/s per run. ``--at-seconds S`` ranks the runs by the metric
-they had reached after S seconds of training: the fair comparison of runs with equal time budgets. A folder
-copied from another machine works: nothing but these files is read.
+the logger's ``hparams.yaml`` and ``error.txt`` of a failed sweep job. It writes ``report.md`` and
+``report.csv`` (one row per run, best metric first; failed and unfinished runs are listed too), and PNG plots
+with matplotlib: the validation metric against step and against seconds of training
+(``time/train_seconds``, counted across resumes), with the Pareto front of quality against time marked, the
+smoothed training loss, and tokens/s per run, each run named in the legends by the settings that differ
+between the runs. It ranks by the runs' own ``optimized_metric`` unless ``--metric`` names another;
+``--at-seconds S`` ranks the runs by the metric they had reached after S seconds of training: the fair
+comparison of runs with equal time budgets. Steps are counted as optimiser steps taken (``Run.step``). A
+folder copied from another machine works: nothing but these files is read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,20 @@ COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best
 
 HIGHER_IS_BETTER = ("acc",)  # metric names (after the stage/) ranked best-highest; every other one best-lowest
 
+# Scalars that only training steps log (train/diverged too: a validation during training logs it), at the
+# 0-based index of the step just taken; the run average is logged once a training session ends.
+TRAINING_TAGS = ("train/", "throughput/", "memory/", "lr-")
+RUN_AVERAGE = "throughput/tokens_per_s_run_average"
+LANGUAGE_MODEL_TASK = "LanguageModelTask"  # model._target_'s class: its val/bpc ranks as its val/loss does
+
+
+def _steps_taken(tag: str, logged: int, after_training: int | None) -> int:
+    """``Run.step``: ``logged`` itself for the test's values and those logged at ``after_training`` (a
+    validation after training), else ``logged + 1``."""
+    if tag.startswith("test/") or (logged == after_training and not tag.startswith(TRAINING_TAGS)):
+        return logged
+    return logged + 1
+
 
 def higher_is_better(metric: str) -> bool:
     """True for ``val/acc``-like metrics: a report ranks them, and a search (hparams_search) maximises them."""
@@ -55,12 +72,55 @@ class Run:
     cell: str = ""
     parameters: int | None = None
     optimized_metric: str | None = None  # the run's config key (what a search optimised; the report's default)
-    curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, wall time, value)
+    task: str = ""  # the class of model._target_ (LanguageModelTask, ClassificationTask, ...)
+    # tag -> (the logger's step, wall time, value); the step as Lightning logged it: see step()
+    curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     started: float | None = None  # wall time of the first TensorBoard event (the logger's start)
     problems: list[str] = field(default_factory=list)  # its damaged files: "<file>: <what is wrong>", one line each
 
     def curve(self, tag: str) -> list[tuple[int, float, float]]:
         return self.curves.get(tag, [])
+
+    def step(self, tag: str, logged: int) -> int:
+        """The optimiser steps the run had taken when it logged a value of ``tag`` at the logger's step ``logged``:
+        Lightning's ``trainer.global_step`` then, as the checkpoints (``best-step<N>.ckpt``), the samples and the
+        console count. Lightning logs what a training step or a validation during training computes at the
+        step's 0-based index (``global_step - 1``: the first step's at 0, a validation after step 300 at 299),
+        but the test, and a validation after training (``trainer.validate``, when training stopped between
+        validations), at ``global_step`` itself: the step after the end of training that the run average
+        (logged at its end, at ``global_step - 1``) marks, when no training was logged after it."""
+        return _steps_taken(tag, logged, self._after_training())
+
+    def _after_training(self) -> int | None:
+        """The logger's step of what followed the run's last training session (the test, a final
+        ``trainer.validate``): one past that session's run average, when nothing of training was logged later."""
+        ends = [s for s, _, _ in self.curve(RUN_AVERAGE)]
+        trained = max((s for tag, c in self.curves.items() if tag.startswith(TRAINING_TAGS) for s, _, _ in c),
+                      default=None)
+        return max(ends) + 1 if ends and max(ends) == trained else None
+
+    def steps(self, tag: str) -> list[tuple[int, float]]:
+        """(optimiser steps taken, value) of a curve: ``step()``'s count."""
+        after = self._after_training()
+        return [(_steps_taken(tag, s, after), v) for s, _, v in self.curve(tag)]
+
+    def last_step(self) -> int | None:
+        """The optimiser steps taken by the run's last logged value (None: it logged nothing)."""
+        after = self._after_training()
+        return max((_steps_taken(tag, s, after) for tag, c in self.curves.items() for s, _, _ in c), default=None)
+
+    def language_model(self) -> bool:
+        return self.task == LANGUAGE_MODEL_TASK or "val/bpc" in self.curves
+
+    def default_metric(self) -> str:
+        """The metric the report ranks this run by without ``--metric``: its ``optimized_metric`` (``val/loss``
+        when it has none recorded), but ``val/bpc`` for a language model left at the config's ``val/loss`` (not
+        set on its command line): bits per character are the loss over ln 2, so they rank the runs in the same
+        order, in the unit the README and the console speak of."""
+        metric = self.optimized_metric or "val/loss"
+        if metric == "val/loss" and "optimized_metric" not in self.overrides and self.language_model():
+            return "val/bpc"
+        return metric
 
     def timed(self, tag: str) -> list[tuple[float, float]]:
         """(seconds of training, value) of a curve: the seconds from ``time/train_seconds`` logged at the same
@@ -146,9 +206,15 @@ def read_run(path: Path) -> Run:
     run.backend = str(hparams.get("backend_used") or config.get("backend", ""))
     if run.backend in ("none", "torch"):  # torch.nn.LSTM / GRU ("none": runs of lltm-train before backend=torch)
         run.backend = "torch.nn"
-    run.cell = str((_section(config, "model", run.problems) or {}).get("cell", ""))
+    model = _section(config, "model", run.problems) or {}
+    run.cell = str(model.get("cell", ""))
     run.parameters = hparams.get("num_parameters")
-    run.optimized_metric = _section(config, "optimized_metric", run.problems, str)
+    # the logger's copy of the config, for a folder copied without .hydra
+    run.optimized_metric = _section(config, "optimized_metric", run.problems, str) or (
+        hparams.get("optimized_metric") if isinstance(hparams.get("optimized_metric"), str) else None)
+    target = model.get("_target_") or hparams.get("model/_target_") or (
+        hparams["model"].get("_target_") if isinstance(hparams.get("model"), dict) else None)
+    run.task = str(target or "").rsplit(".", 1)[-1]
     if (path / CSV / METRICS_CSV).is_file():
         run.curves = _csv_curves(path / CSV)
     elif (path / MLFLOW_DB).is_file():
@@ -165,7 +231,7 @@ def read_run(path: Path) -> Run:
             run.curves[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
     trainer = _section(config, "trainer", run.problems) or {}
     max_steps = trainer.get("max_steps")
-    last_step = max((s for c in run.curves.values() for s, _, _ in c), default=None)
+    last_step = run.last_step()
     if (path / DIVERGED).is_file():  # model.divergence: warn (it finished) or stop (it also failed)
         first = (path / DIVERGED).read_text(errors="replace").splitlines()[:1]
         stopped = (path / ERROR).is_file()
@@ -177,9 +243,9 @@ def read_run(path: Path) -> Run:
         run.status = "not logged (logger=none)"
     elif not run.curves:
         run.status = "no events (crashed before logging, or still starting)"
-    elif (isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step + 1 < max_steps
+    elif (isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step < max_steps
           and not _spent_its_time_budget(trainer, run.curves)):
-        run.status = f"unfinished at step {last_step + 1} of {max_steps} (running, or stopped)"
+        run.status = f"unfinished at step {last_step} of {max_steps} (running, or stopped)"
     return run
 
 
@@ -266,18 +332,68 @@ def _shortened(text: str, limit: int = 100) -> str:
 
 
 def _changed_keys(runs: list[Run]) -> list[str]:
-    """The command-line settings whose values differ between the runs."""
-    keys = sorted({k for r in runs for k in r.overrides})
+    """The command-line settings whose values differ between the runs (not ``paths.``: where a run wrote, which
+    its folder says)."""
+    keys = sorted({k for r in runs for k in r.overrides if not k.startswith("paths.")})
     return [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
 
 
-def _label(run: Run, changed: list[str]) -> str:
-    """A plot legend's name for a run: its job number and what differs (``3: lr=0.01 hidden_size=512``)."""
-    number, _, rest = run.path.name.partition("_")
-    if not changed or not number.isdigit():
-        return run.path.name if len(run.path.name) <= 48 else run.path.name[:47] + "…"
-    text = f"{number}: " + " ".join(f"{k.rsplit('.', 1)[-1]}={short_number(run.overrides.get(k, '-'))}" for k in changed)
-    return text if len(text) <= 72 else text[:71] + "…"
+def _changed(run: Run, keys: list[str], names: dict[str, str] | None = None) -> str:
+    """The run's values of the ``keys`` (the report's "changed" column: ``model.hidden_size=512 seed=2``, ``-``
+    for a setting the run left at its default), each key named as ``names`` says (default: itself)."""
+    return " ".join(f"{(names or {}).get(k, k)}={short_number(run.overrides.get(k, '-'))}" for k in keys)
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """Legend names of settings: the last part of each key (``hidden_size``), or the whole key where that would
+    be ambiguous or a bare ``_target_``."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: s if last.count(s) == 1 and not s.startswith("_") else k for k, s in zip(keys, last)}
+
+
+def labels(runs: list[Run], limit: int = 72) -> dict[Path, str]:
+    """The plots' legend name of each run: its job number in a sweep (``3: ``) and the settings that differ
+    between the runs that logged anything (what the plots draw), as in the "changed" column but with shorter
+    keys and without those the run left at their defaults (``3: lr=0.01 hidden_size=512``; all of them, as
+    ``-``, for a run at the defaults of every one); its folder's name when nothing differs. Each name is at
+    most ``limit`` characters (cut with an ellipsis) and names one run: one that would name two gets its
+    folder's name added."""
+    drawn = [r for r in runs if r.curves] or runs
+    keys = _changed_keys(drawn)
+    names = _short_keys(keys)
+
+    def cut(text: str, n: int) -> str:
+        return text if len(text) <= n else text[: max(n - 1, 0)] + "…"
+
+    folder = {r.path: r.path.name or str(r.path) for r in runs}
+    label = {}
+    for r in runs:
+        number, _, _ = r.path.name.partition("_")
+        text = _changed(r, [k for k in keys if k in r.overrides] or keys, names) if keys else ""
+        label[r.path] = cut(f"{number}: {text}" if text and number.isdigit() else text or folder[r.path], limit)
+    counts = Counter(label.values())
+    for r in runs:
+        if counts[label[r.path]] > 1 and label[r.path] != folder[r.path]:
+            room = limit - len(folder[r.path]) - 3
+            label[r.path] = (f"{cut(label[r.path], room)} ({folder[r.path]})" if room >= 12
+                             else cut(folder[r.path], limit))
+    return label
+
+
+def choose_metric(runs: list[Run]) -> tuple[str, str]:
+    """The metric to rank by when ``--metric`` is not given, and a note (empty when the runs agree): each run's
+    ``default_metric()`` (its ``optimized_metric``), counted over the runs that logged anything (else over
+    all); where they differ, the most common (a tie: the first run's, in folder order)."""
+    voters = [r for r in runs if r.curves] or runs
+    counts = Counter(r.default_metric() for r in voters)
+    if not counts:
+        return "val/loss", ""
+    metric = counts.most_common(1)[0][0]  # ties: in the order first met (Counter keeps it)
+    if len(counts) == 1:
+        return metric, ""
+    each = ", ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in counts.most_common())
+    return metric, (f"the runs optimise different metrics: {each}; ranked by {metric}, the most common "
+                    "(--metric picks another)")
 
 
 def tokens_per_s(run: Run) -> float | None:
@@ -320,10 +436,10 @@ def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> 
         reached = r.at_seconds(metric, at_seconds) if at_seconds is not None else None
         rows.append({
             "rank": None, "run": str(r.path), "status": status,
-            "changed": " ".join(f"{k}={short_number(r.overrides.get(k, '-'))}" for k in changed),
+            "changed": _changed(r, changed),
             "backend": r.backend, "cell": r.cell,
             "final": final if final is not None and math.isfinite(final) else None, "best": best[2] if best else None,
-            "best_step": best[0] if best else None,
+            "best_step": r.step(metric, best[0]) if best else None,  # optimiser steps taken
             "at_seconds": reached if reached is not None and math.isfinite(reached) else None,
             "tokens_per_s": tokens_per_s(r),
             "peak_cuda_mib": max(memory) if memory else None,
@@ -402,8 +518,7 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    changed = _changed_keys(runs)
-    label = {r.path: _label(r, changed) for r in runs}
+    label = labels(runs)
     written = []
 
     def save(fig, name):
@@ -414,10 +529,10 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
-        values = r.curve(metric)
+        values = r.steps(metric)
         if values:
-            ax.plot([s for s, _, _ in values], [v for _, _, v in values], marker="o", ms=3, label=label[r.path])
-    ax.set(xlabel="step", ylabel=metric)
+            ax.plot([s for s, _ in values], [v for _, v in values], marker="o", ms=3, label=label[r.path])
+    ax.set(xlabel="step (optimiser steps taken)", ylabel=metric)
     _legend(ax)
     save(fig, "metric_vs_step.png")
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -434,13 +549,13 @@ def plot(runs: list[Run], metric: str, out: Path) -> list[Path]:
     save(fig, "metric_vs_time.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
-        values, smooth, ema = r.curve("train/loss"), [], None
-        for n, (_, _, v) in enumerate(values, 1):  # TensorBoard's smoothing of 0.9, debiased as it does
+        values, smooth, ema = r.steps("train/loss"), [], None
+        for n, (_, v) in enumerate(values, 1):  # TensorBoard's smoothing of 0.9, debiased as it does
             ema = 0.1 * v if ema is None else 0.9 * ema + 0.1 * v
             smooth.append(ema / (1 - 0.9**n))
         if values:
-            ax.plot([s for s, _, _ in values], smooth, label=label[r.path])
-    ax.set(xlabel="step", ylabel="train/loss (smoothed)")
+            ax.plot([s for s, _ in values], smooth, label=label[r.path])
+    ax.set(xlabel="step (optimiser steps taken)", ylabel="train/loss (smoothed)")
     _legend(ax)
     save(fig, "train_loss.png")
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -487,8 +602,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: DIR)")
     parser.add_argument("--metric", help="the validation metric to rank by: lower is better, except for "
                         f"{', '.join(HIGHER_IS_BETTER)} (val/loss, val/bpc, val/acc, val/mae, ...); default: the runs' "
-                        "optimized_metric setting (val/bpc for experiment=compare_backends and hparams_search=lm_optuna), "
-                        "else val/loss")
+                        "own optimized_metric setting, val/bpc for a language model left at val/loss (the same "
+                        "ranking); where the runs' differ, the most common")
     parser.add_argument("--at-seconds", type=float, metavar="S",
                         help="rank by the metric each run had reached after S seconds of training (its last "
                         "validation by then), instead of by its final value")
@@ -509,9 +624,11 @@ def main(argv: list[str] | None = None) -> None:
     damaged = [f"run {_relative(r.path, root)}: {problem}; reported without it" for r in runs for problem in r.problems]
     for line in damaged:  # one line each, naming the run; the other runs are reported as usual
         print(f"lltm-report: warning: {line}", file=sys.stderr)
+    note = ""
     if a.metric is None:
-        chosen = {r.optimized_metric for r in runs if r.optimized_metric}
-        a.metric = chosen.pop() if len(chosen) == 1 else "val/loss"
+        a.metric, note = choose_metric(runs)
+        if note:
+            print(f"lltm-report: note: {note}", file=sys.stderr)
     logged = sorted({tag for r in runs for tag in r.curves})
     if logged and a.metric not in logged:
         print(f"lltm-report: error: no run logged {a.metric}; the runs logged "
@@ -533,7 +650,8 @@ def main(argv: list[str] | None = None) -> None:
     by = f"the {a.metric} reached within {a.at_seconds:g} s of training" if a.at_seconds else f"the final {a.metric}"
     notes = at_seconds_notes(runs, rows, a.metric, a.at_seconds) if a.at_seconds else ""
     (out / "report.md").write_text(f"# Runs in {root}\n\nRanked by {by} ({better} is better; finished runs "
-                                   f"only).\n\n{table}\n{notes}"
+                                   f"only).{' ' + note[0].upper() + note[1:] + '.' if note else ''} Steps: "
+                                   f"optimiser steps taken.\n\n{table}\n{notes}"
                                    + "".join(f"Damaged: {line}.\n" for line in damaged) + ("\n" if damaged else "")
                                    + _optuna_summary(root)
                                    + "".join(f"![{p.stem}]({p.name})\n" for p in plots))

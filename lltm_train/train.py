@@ -268,7 +268,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     backend = f"backend {backend_used}" if backend_used != "torch" else f"backend torch ({CELLS[cfg.model.cell].torch_label})"
     info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
-         f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else ""))
+         f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else "") + "".join(
+             f"; metrics in {path}" for path in _csv_files(trainer)))
     try:
         with signals_handled(trainer):  # a signal after fit's training too (the final validation, the test)
             _fit_and_test(cfg, datamodule, task, trainer, ckpt, output_dir)
@@ -325,6 +326,11 @@ def _record_divergence(task: RecurrentTask, trainer: L.Trainer, output_dir: Path
         (output_dir / run_files.DIVERGED).write_text(f"{task.diverged} (model.divergence={task.divergence})\n")
 
 
+def _csv_files(trainer: L.Trainer) -> list[Path]:
+    """The files that the run's CSV loggers (logger=csv) write the metrics to."""
+    return [Path(lg.log_dir) / "metrics.csv" for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+
+
 def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> None:
     """Adds the peak CUDA memory to ``metrics`` and prints the run's closing lines."""
     throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
@@ -338,5 +344,6 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
          + (f"\n  best checkpoint: {best}" if best else "")
          + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"
             if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers) else "")
+         + "".join(f"\n  CSV metrics: {path}" for path in _csv_files(trainer))
          + (f"\n  MLflow: mlflow ui --backend-store-uri sqlite:///{output_dir / run_files.MLFLOW_DB}"
             if any(isinstance(lg, MLFlowLogger) for lg in trainer.loggers) else ""))

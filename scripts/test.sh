@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suite (fast tests; slow end-to-end runs with -m slow, CUDA tests on a GPU with -m cuda).
-# Arguments go to pytest. Sets up .venv on first use.
+# Arguments go to pytest. Sets up .venv on first use. The tests run in parallel on every core (pytest-xdist,
+# -n auto) when xdist is installed (the dev extra); -n N or -n 0 (one process) in the arguments wins.
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh"
 cd "$ROOT"
-exec "$PY" -m pytest "$@"
+parallel=()
+if "$PY" -c 'import xdist' 2>/dev/null && [[ " $* " != *"no:xdist"* ]]; then parallel=(-n auto); fi
+exec "$PY" -m pytest ${parallel[@]+"${parallel[@]}"} "$@"

@@ -5,4 +5,6 @@
 # release it was built against: the one in .venv). Arguments go to `pip wheel`.
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh"
 cd "$ROOT"
-exec "$PY" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps -w dist "$@" .
+echo "lltm-train: building the wheel (into dist/ unless -w says otherwise): compiling the extension's C++ (and CUDA) kernels, about a minute" >&2
+"$PY" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps -w dist "$@" .
+echo "lltm-train: wheel built in $SECONDS s" >&2

@@ -55,6 +55,8 @@ BAD = [
     (["model.optimizer.lr=-1"], "Invalid learning rate: -1"),
     (["model.scheduler.warmup_fraction=2"], "warmup_fraction must be in [0, 1)"),
     (["model.dropout=nan"], "dropout must be a number in [0, 1], got nan"),
+    (["model.forget_bias=1.0"], "forget_bias is for cells with a forget gate (lstm); the lltm cell has none"),
+    (["model.cell=lstm", "model.forget_bias=abc"], "model.forget_bias: expected float | None, got 'abc' (str)"),
     (["dataset=shakespeare", "model.sample_temperature=0"], "sample_temperature must be a positive number, got 0"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval must be positive, got 0"),
     (["trainer.precision=16-true"], "use 16-mixed or bf16-mixed"),

@@ -1,8 +1,10 @@
 """Trained models outside training: checkpoints loaded on any backend, text generation, evaluation, and the
-TorchScript / torch.export / AOTInductor files of lltm-export, each reloaded in a fresh process."""
+AOTInductor (the default) / torch.export / TorchScript (deprecated) files of lltm-export, each reloaded in a
+fresh process."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -13,7 +15,8 @@ from omegaconf import OmegaConf
 
 from conftest import CUDA_READY, CUDA_SKIP_REASON
 from helpers import make_cfg
-from lltm_train.export import TokenModel, TokenModelH, check_in_fresh_process, example_inputs, export, token_model
+from lltm_train.export import (TokenModel, TokenModelH, check_in_fresh_process, example_inputs, export, metadata,
+                               token_model)
 from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
 from lltm_train.ops.cells import CELLS
 from lltm_train.train import train
@@ -42,6 +45,16 @@ def cell_checkpoint(request, tmp_path_factory):
     other cells export through the same two interfaces, by whether their state has a c (TokenModel) or not."""
     backend = "torch" if request.param == "lstm" else "cpp"
     return _train_text_model(tmp_path_factory.mktemp(request.param), f"model.cell={request.param}", f"backend={backend}")
+
+
+@pytest.fixture(scope="module")
+def aoti_package(checkpoint, tmp_path_factory):
+    """``lltm-export CKPT model.pt2`` with the default format (aoti), run as the command: the one AOTInductor
+    compile of the default suite (15-35 s on 2 cores), shared by the tests that read the package."""
+    path = tmp_path_factory.mktemp("aoti") / "model.pt2"
+    done = subprocess.run([sys.executable, "-m", "lltm_train.export", str(checkpoint), str(path)], capture_output=True,
+                          text=True, timeout=600)
+    return path, done
 
 
 def test_a_checkpoint_loads_on_every_backend_with_the_same_outputs(checkpoint):
@@ -96,7 +109,29 @@ def test_generate_and_evaluate_commands(checkpoint):
     assert all(abs(float(figures["cpp"][k]) - float(figures["python"][k])) < 1e-4 for k in figures["cpp"])
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "exported", pytest.param("aoti", marks=pytest.mark.slow)])
+def test_the_default_format_is_an_aoti_package_with_the_models_outputs(checkpoint, aoti_package):
+    """lltm-export's default is aoti (torch.jit is deprecated since torch 2.13): a .pt2 package that the command
+    reloaded in a fresh process; loaded here, it gives the eager model's outputs at other T and B (down to the
+    1 x 1 steps of sampling), and its metadata holds the vocabulary and the state's size (examples/cpp reads them)."""
+    path, done = aoti_package
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {path} (aoti)" in done.stdout and "it matches the checkpoint's model" in done.stdout
+    assert not done.stderr.strip(), done.stderr[-3000:]  # no warnings, no upstream noise
+    task, ckpt = load_task(checkpoint, "cpp")
+    model = TokenModel(task.net)
+    assert json.loads((path.parent / "model.pt2.vocab.json").read_text()) == vocabulary(ckpt)
+    package = torch._inductor.aoti_load_package(str(path))
+    info = package.get_metadata()
+    assert {k: info[k] for k in ("vocab.json", "config.json")} == metadata(model, vocabulary(ckpt))
+    assert json.loads(info["config.json"]) == {"num_layers": 2, "hidden_size": task.net.rnn.hidden_size, "states": 2}
+    for T, B in ((1, 1), (11, 4)):
+        args = example_inputs(model, T, B, seed=T)
+        with torch.no_grad():
+            for got, want in zip(package(*args), model(*args)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "exported"])  # aoti: the test above (one compile a session)
 def test_each_format_reloads_in_a_fresh_process_with_the_models_outputs(checkpoint, tmp_path, fmt):
     """The fresh process imports lltm_train and nothing else of the training code; its inputs have another
     T and B than the ones the file was made with."""
@@ -133,15 +168,19 @@ def test_lstm_and_gru_models_export_and_reload(cell_checkpoint, tmp_path, fmt):
     assert check_in_fresh_process(model, fmt, path, T=11, B=4) < 1e-5
 
 
-def test_torchscript_file_holds_its_vocabulary(checkpoint, tmp_path):
-    import json
-
+@pytest.mark.parametrize("fmt", ["torchscript", "exported"])  # aoti's metadata: test_the_default_format_is_...
+def test_each_file_holds_its_vocabulary_and_state_size(checkpoint, tmp_path, fmt):
     task, ckpt = load_task(checkpoint, "cpp")
-    path = export(TokenModel(task.net), "torchscript", tmp_path / "m.pt", vocabulary(ckpt))
-    files = {"vocab.json": ""}
-    torch.jit.load(str(path), _extra_files=files)
-    assert json.loads(files["vocab.json"]) == vocabulary(ckpt)
-    assert example_inputs(TokenModel(task.net))[0].dtype == torch.int64
+    model = TokenModel(task.net)
+    path = export(model, fmt, tmp_path / f"m.{fmt}", vocabulary(ckpt))
+    files = {"vocab.json": "", "config.json": ""}
+    if fmt == "torchscript":
+        torch.jit.load(str(path), _extra_files=files)
+    else:
+        torch.export.load(str(path), extra_files=files)
+    files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items()}  # TorchScript's are bytes
+    assert files == metadata(model, vocabulary(ckpt)) and json.loads(files["vocab.json"]) == vocabulary(ckpt)
+    assert example_inputs(model)[0].dtype == torch.int64
 
 
 def _cmake() -> str:
@@ -154,11 +193,12 @@ def _cmake() -> str:
     return found
 
 
-@pytest.mark.slow  # a CMake build (about 70 s on 2 cores)
-def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp_path):
+@pytest.mark.slow  # a CMake build (70-120 s on 2 cores) and a second AOTInductor compile (the GRU's)
+def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, aoti_package, tmp_path):
     """examples/cpp builds liblltm_ops.so (the repository's CMakeLists.txt) and lltm-generate-cpp against the
     installed torch. The library alone gives torch.ops.lltm.* to a Python without lltm_train; the C++
-    program samples from the TorchScript export exactly the text lltm-generate samples from the checkpoint."""
+    program samples from lltm-export's AOTInductor package (the default format; AOTIModelPackageLoader) exactly
+    the text lltm-generate samples from the checkpoint, and from the deprecated TorchScript file too."""
     from pathlib import Path
 
     from lltm_train.functional import lltm_layer
@@ -185,24 +225,36 @@ def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, tmp
     for got, expected in zip(torch.load(tmp_path / "out.pt"), (want[0], *want[1])):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
-    task, ckpt = load_task(checkpoint, "cpp")
-    model = export(TokenModel(task.net), "torchscript", tmp_path / "model.pt", vocabulary(ckpt))
+    package, exported = aoti_package
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    generate_cpp = lambda model, *options: subprocess.run([str(build / "lltm-generate-cpp"), str(model), *options],
+                                                          capture_output=True, text=True, timeout=300)
     options = ["--prompt", "the ", "--length", "80", "--temperature", "0.9", "--top-k", "6", "--seed", "11"]
-    cpp = subprocess.run([str(build / "lltm-generate-cpp"), str(model), *options], capture_output=True, text=True)
+    cpp = generate_cpp(package, *options)
     assert cpp.returncode == 0, cpp.stderr[-2000:]
     python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(checkpoint), *options, "--backend", "cpp"],
                             capture_output=True, text=True)
     assert python.returncode == 0, python.stderr[-2000:]
     assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
-    unknown = subprocess.run([str(build / "lltm-generate-cpp"), str(model), "--prompt", "the Q"], capture_output=True, text=True)
+    unknown = generate_cpp(package, "--prompt", "the Q")
     assert unknown.returncode == 2 and "'Q'" in unknown.stderr
+
+    # the deprecated TorchScript file, while torch has torch.jit
+    task, ckpt = load_task(checkpoint, "cpp")
+    traced = export(TokenModel(task.net), "torchscript", tmp_path / "model.pt", vocabulary(ckpt))
+    cpp = generate_cpp(traced, *options)
+    assert cpp.returncode == 0 and cpp.stdout == python.stdout, cpp.stderr[-2000:]
+    # a .pt2 that is not an AOTInductor package (--format exported): one line
+    program = export(TokenModel(task.net), "exported", tmp_path / "program.pt2", vocabulary(ckpt))
+    wrong = generate_cpp(program, *options)
+    assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1 and "AOTInductor" in wrong.stderr, wrong.stderr
 
     # a GRU model: its state is h alone
     (tmp_path / "gru").mkdir()
     gru_ckpt = _train_text_model(tmp_path / "gru", "model.cell=gru")
     task, ckpt = load_task(gru_ckpt, "cpp")
-    model = export(token_model(task.net), "torchscript", tmp_path / "gru.pt", vocabulary(ckpt))
-    cpp = subprocess.run([str(build / "lltm-generate-cpp"), str(model), *options], capture_output=True, text=True)
+    model = export(token_model(task.net), "aoti", tmp_path / "gru.pt2", vocabulary(ckpt))
+    cpp = generate_cpp(model, *options)
     python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(gru_ckpt), *options, "--backend", "cpp"],
                             capture_output=True, text=True)
     assert cpp.returncode == 0 and python.returncode == 0, cpp.stderr[-2000:] + python.stderr[-2000:]
@@ -245,26 +297,114 @@ def test_a_checkpoint_moves_between_the_gpu_and_the_cpu(tmp_path):
     assert torch.load(ckpt, weights_only=False)["global_step"] == 6
 
 
-def test_hostile_command_lines_get_one_line_each(checkpoint, tmp_path):
-    """The commands' errors are one line with status 2: a CUDA device on a machine without one, an export
-    to a directory or an unwritable place (nothing left behind), a text moved since training."""
-    run = lambda *a: subprocess.run([sys.executable, "-m", "lltm_train.commands", *a], capture_output=True, text=True, timeout=300)
-    export_cmd = lambda *a: subprocess.run([sys.executable, "-m", "lltm_train.export", *a], capture_output=True, text=True,
-                                           timeout=300)
-    results = []
+# Runs command lines as `python -m MODULE ARGS` runs each (runpy, as __main__), one after the other in one Python
+# process, each one's stdout and stderr caught at the file descriptors: one interpreter start and one import of
+# torch and Lightning (4-6 s on 2 cores) instead of one per line.
+_COMMAND_LINES = r"""
+import json, os, runpy, sys, tempfile, traceback, warnings
+import lltm_train.commands, lltm_train.export, lltm_train.inference
+lines, report = json.loads(sys.argv[1]), sys.argv[2]
+results = {}
+for name, (module, *args) in lines.items():
+    sys.stdout.flush(); sys.stderr.flush()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        code = 0
+        try:
+            with warnings.catch_warnings():  # a warning shown once is shown again for each line
+                warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)  # runpy's
+                sys.argv = [module, *args]
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            traceback.print_exc(); code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2); os.close(saved[0]); os.close(saved[1])
+        out.seek(0); err.seek(0)
+        results[name] = {"code": code, "stdout": out.read(), "stderr": err.read()}
+with open(report, "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def command_lines(checkpoint, tmp_path_factory):
+    """The command lines of the two tests below, run in one Python process (``_COMMAND_LINES``): a dict of
+    name -> (``code``, ``stdout``, ``stderr``, ``dir``: where its files went), and ``imports``: what importing
+    the commands printed on stderr."""
+    d = tmp_path_factory.mktemp("lines")
+    (d / "adir").mkdir()
+    ckpt = str(checkpoint)
+    lines = {"to_dir": ["lltm_train.export", ckpt, str(d / "adir")],
+             "unwritable": ["lltm_train.export", ckpt, "/proc/nope/m.pt2"],
+             "pt_name": ["lltm_train.export", ckpt, str(d / "m.pt")],  # the default format (aoti) writes .pt2
+             "torchscript": ["lltm_train.export", ckpt, str(d / "ts.pt"), "--format", "torchscript"]}
     if not torch.cuda.is_available():
-        results += [run("generate", str(checkpoint), "--device", "cuda"), run("evaluate", str(checkpoint), "--device", "cuda"),
-                    export_cmd(str(checkpoint), str(tmp_path / "m.pt"), "--device", "cuda")]
-        assert all("--device cuda: no CUDA device is visible" in r.stderr for r in results)
-    (tmp_path / "adir").mkdir()
-    to_dir = export_cmd(str(checkpoint), str(tmp_path / "adir"))
-    assert "is a directory; give the file to write" in to_dir.stderr and not (tmp_path / "adir.vocab.json").exists()
-    unwritable = export_cmd(str(checkpoint), "/proc/nope/m.pt")
-    assert "cannot write /proc/nope/m.pt" in unwritable.stderr
-    results += [to_dir, unwritable]
-    for r in results:
-        lines = [line for line in r.stderr.splitlines() if line.strip()]
-        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        lines |= {"generate_cuda": ["lltm_train.commands", "generate", ckpt, "--device", "cuda"],
+                  "evaluate_cuda": ["lltm_train.commands", "evaluate", ckpt, "--device", "cuda"],
+                  "export_cuda": ["lltm_train.export", ckpt, str(d / "m.pt2"), "--device", "cuda"]}
+    done = subprocess.run([sys.executable, "-c", _COMMAND_LINES, json.dumps(lines), str(d / "report.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {name: {**r, "dir": d} for name, r in json.loads((d / "report.json").read_text()).items()}
+    return {**results, "imports": done.stderr}
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_hostile_command_lines_get_one_line_each(command_lines):
+    """The commands' errors are one line with status 2: a CUDA device on a machine without one, an export
+    to a directory, to an unwritable place or to a name that is not a .pt2 for the default format (nothing
+    left behind). (A text moved since training: the test below.)"""
+    assert not _lines(command_lines["imports"]), command_lines["imports"][-2000:]
+    errors = {k: r for k, r in command_lines.items() if k not in ("imports", "torchscript")}
+    for name, r in errors.items():
+        assert r["code"] == 2 and len(_lines(r["stderr"])) == 1 and "Traceback" not in r["stderr"], (name, r["stderr"][-2000:])
+        assert r["stderr"].startswith(("lltm-export: error: ", "lltm-generate: error: ", "lltm-evaluate: error: ")), name
+    if not torch.cuda.is_available():
+        assert all("--device cuda: no CUDA device is visible" in errors[k]["stderr"]
+                   for k in ("generate_cuda", "evaluate_cuda", "export_cuda"))
+    d = errors["to_dir"]["dir"]
+    assert "adir is a directory; give the file to write, e.g. " in errors["to_dir"]["stderr"]
+    assert "cannot write /proc/nope/m.pt2" in errors["unwritable"]["stderr"]
+    assert f"is a .pt2 file: name it {d / 'm.pt2'} (or give --format torchscript" in errors["pt_name"]["stderr"]
+    left = {p.name for p in d.iterdir()} - {"adir", "report.json", "ts.pt", "ts.pt.vocab.json"}
+    assert not left and not any((d / "adir").iterdir()), left
+
+
+def test_torchscript_is_deprecated_in_one_line_and_still_exports(command_lines):
+    """--format torchscript (torch.jit is deprecated since torch 2.13) says so in one warning line, not torch's
+    own warnings or a traceback, and still writes a file that matches the checkpoint."""
+    r = command_lines["torchscript"]
+    assert r["code"] == 0, r["stderr"][-2000:]
+    [warning] = _lines(r["stderr"])
+    assert warning.startswith("lltm-export: warning: --format torchscript is deprecated") and "torch 2.13" in warning
+    assert "(torchscript); reloaded in a fresh process, it matches the checkpoint's model" in r["stdout"]
+    assert (r["dir"] / "ts.pt").is_file() and (r["dir"] / "ts.pt.vocab.json").is_file()
+
+
+def test_the_help_names_the_default_and_the_deprecated_format(capsys, monkeypatch, tmp_path):
+    """In-process (no checkpoint is read): --help says aoti is the default and torchscript deprecated; without a C++
+    compiler, aoti is refused in one line naming --format exported."""
+    from lltm_train import config
+    from lltm_train.export import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0 and "aoti (the default)" in text
+    assert "torchscript: torch.jit.trace (.pt), DEPRECATED: torch.jit is deprecated upstream since torch 2.13" in text
+    monkeypatch.setattr(config, "missing_compiler", lambda: "no C++ compiler found")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "no.ckpt"), str(tmp_path / "m.pt2")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(_lines(err)) == 1 and "(no C++ compiler found)" in err and "--format exported" in err
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_moved_text_and_the_step_of_a_checkpoints_sample(tmp_path):

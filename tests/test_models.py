@@ -235,3 +235,32 @@ def test_lstm_and_lltm_of_the_same_width_parameter_counts():
     assert n_params(lstm) == 4 * H * (I + H) + 8 * H == 480
     assert n_params(gru) == 3 * H * (I + H) + 6 * H == 360
     assert n_params(rnn) == H * (I + H) + 2 * H == 120
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
+def test_forget_bias_sets_every_layers_and_directions_forget_gate(backend):
+    torch.manual_seed(0)
+    plain = recurrent_layer("lstm", 3, 5, 2, 0.0, True, backend)
+    torch.manual_seed(0)
+    layer = recurrent_layer("lstm", 3, 5, 2, 0.0, True, backend, forget_bias=1.5)
+    forget = slice(5, 10)  # torch.nn's gate order: input, forget, cell, output
+    biases = {n: p for n, p in layer.named_parameters() if n.startswith("bias")}
+    assert len(biases) == 8  # 2 layers x 2 directions x (bias_ih, bias_hh)
+    for name, p in biases.items():
+        assert torch.equal(p[forget], torch.full((5,), 1.5 if name.startswith("bias_ih") else 0.0)), name
+    for (name, p), q in zip(layer.named_parameters(), plain.parameters()):
+        if name.startswith("bias"):  # the other gates keep their initialisation
+            assert torch.equal(torch.cat([p[:5], p[10:]]), torch.cat([q[:5], q[10:]])), name
+        else:
+            assert torch.equal(p, q), name
+    # the model: the forget gate opens with the bias (sigmoid(1.5) on a zero input and state)
+    model = SequenceClassifier(3, 2, 5, cell="lstm", backend=backend, forget_bias=1.5)
+    assert torch.equal(model.rnn.bias_ih_l0[forget], torch.full((5,), 1.5))
+
+
+@pytest.mark.parametrize("cell", [c for c in CELLS if "forget" not in SPECS[c].gates])
+def test_forget_bias_is_refused_for_a_cell_without_a_forget_gate(cell):
+    with pytest.raises(ValueError, match=f"the {cell} cell has none"):
+        recurrent_layer(cell, 3, 5, forget_bias=1.0)
+    with pytest.raises(ValueError, match="forget_bias must be a finite number or null, got inf"):
+        recurrent_layer("lstm", 3, 5, forget_bias=float("inf"))

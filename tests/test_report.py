@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import yaml
 
 from lltm_train.config import cell_backends
 from lltm_train.ops.cells import CELLS
-from lltm_train.report import Run, summarise
+from lltm_train.report import Run, find_runs, labels, main as report_main, plot, read_run, summarise
 
 from helpers import ADDING, run
 
@@ -49,6 +51,12 @@ def test_a_sweep_report_ranks_the_runs_and_lists_the_failed_and_unfinished_ones(
     assert all(float(r["best"]) <= float(r["final"]) for r in finished)
     for name in ("report.md", "metric_vs_step.png", "metric_vs_time.png", "train_loss.png", "tokens_per_s.png"):
         assert (tmp_path / "multi" / name).stat().st_size > 0, name
+    # the plots name each job by its number and what differs (the killed run's callback too), not by its folder
+    named = labels([read_run(p) for p in find_runs(tmp_path / "multi")])
+    assert {p.name: text for p, text in named.items()} == {
+        "0_model.hidden_size=4": "0: hidden_size=4", "1_model.hidden_size=12": "1: hidden_size=12",
+        "2_model.hidden_size=-1": "2: hidden_size=-1",
+        "3_killed": "3: callbacks.kill._target_=helpers.SigkillAt step=3 hidden_size=6"}
 
 
 def test_an_optuna_search_minimises_the_returned_metric_and_goes_on_past_a_failed_trial(tmp_path):
@@ -135,6 +143,146 @@ def one_run(tmp_path_factory):
     result = run(folder, *TINY, "hydra.run.dir=r")
     assert result.returncode == 0, result.stderr[-3000:]
     return folder
+
+
+# A character model (the copy task: a LanguageModelTask, like the default job) validated every second epoch
+# of 8 steps for 3 epochs: a validation during training after step 16, then one after training (trainer.validate)
+# after step 24, and the test.
+LM = ["dataset=copy", "dataset.delay=4", "dataset.length=3", "dataset.train_size=64", "dataset.val_size=16",
+      "dataset.test_size=16", "dataset.batch_size=8", "model.hidden_size=8", "model.embedding_dim=4",
+      "model.sample_length=0", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
+      "trainer.accelerator=cpu", "callbacks.progress_bar.refresh_rate=0", "trainer.val_check_interval=null",
+      "trainer.check_val_every_n_epoch=2", "trainer.max_epochs=3", "trainer.max_steps=-1", "test=true"]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A folder holding one finished tiny character model run (hydra.run.dir=lm), made once (about 10 s)."""
+    folder = tmp_path_factory.mktemp("lm_run")
+    result = run(folder, *LM, "hydra.run.dir=lm")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def _copy(run_dir: Path, to: Path, optimized_metric: str | None = None) -> Path:
+    shutil.copytree(run_dir, to)
+    if optimized_metric:  # as the run's config recorded it (runs before conf/metric recorded val/loss for every task)
+        config = to / ".hydra" / "config.yaml"
+        text = re.sub(r"(?m)^optimized_metric: .*$", f"optimized_metric: {optimized_metric}", config.read_text())
+        config.write_text(text)
+    return to
+
+
+def _report_rows(folder: Path, *args: str) -> tuple[list[dict], str]:
+    """lltm-report FOLDER ARGS in this process: report.csv's rows and report.md."""
+    report_main([str(folder), *args])
+    with open(folder / "report.csv") as f:
+        return list(csv.DictReader(f)), (folder / "report.md").read_text()
+
+
+def test_without_flags_the_report_ranks_by_the_runs_optimized_metric(tmp_path, lm_run, one_run, capsys):
+    """A language model's runs are ranked by bits per character without --metric (it was val/loss): the
+    optimized_metric their configs record, also for runs recorded with the former default val/loss (the same
+    order: val/bpc is val/loss / ln 2); --metric still wins; a regression run by its own, val/loss."""
+    lm = _copy(lm_run / "lm", tmp_path / "lm" / "2026-12-01_10-00-00")
+    _copy(lm_run / "lm", tmp_path / "lm" / "2026-12-01_11-00-00", optimized_metric="val/loss")
+    bpc = [v for _, _, v in read_run(lm).curve("val/bpc")]
+    rows, md = _report_rows(tmp_path / "lm")
+    assert "Ranked by the final val/bpc (lower is better" in md and "| final val/bpc |" in md
+    assert [float(r["final"]) for r in rows] == pytest.approx([bpc[-1]] * 2) and [r["rank"] for r in rows] == ["1", "2"]
+    rows, md = _report_rows(tmp_path / "lm", "--metric", "val/loss")
+    assert "Ranked by the final val/loss" in md
+    assert float(rows[0]["final"]) == pytest.approx(bpc[-1] * math.log(2), rel=1e-5)
+    _copy(one_run / "r", tmp_path / "adding" / "r")
+    assert "Ranked by the final val/loss" in _report_rows(tmp_path / "adding")[1]
+    # a run that chose val/loss on its command line keeps it
+    chosen = _copy(lm_run / "lm", tmp_path / "chosen" / "lm", optimized_metric="val/loss")
+    (chosen / ".hydra" / "overrides.yaml").write_text("- optimized_metric=val/loss\n")
+    assert "Ranked by the final val/loss" in _report_rows(tmp_path / "chosen")[1]
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_runs_with_different_optimized_metrics_are_ranked_by_the_most_common_with_one_line(tmp_path, lm_run, one_run,
+                                                                                           capsys):
+    for name in ("0_a", "1_b"):
+        _copy(lm_run / "lm", tmp_path / name)
+    _copy(one_run / "r", tmp_path / "2_regression")
+    rows, md = _report_rows(tmp_path)
+    note = ("the runs optimise different metrics: val/bpc (2 runs), val/loss (1 run); ranked by val/bpc, the most "
+            "common (--metric picks another)")
+    assert [line for line in capsys.readouterr().err.splitlines() if "note:" in line] == [f"lltm-report: note: {note}"]
+    assert "The r" + note[5:] + "." in md
+    assert [(r["run"], r["rank"]) for r in rows] == [("0_a", "1"), ("1_b", "2"), ("2_regression", "")]  # no val/bpc
+    report_main([str(tmp_path), "--metric", "val/loss"])
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_best_step_and_the_plots_count_optimiser_steps_as_the_checkpoints_do(tmp_path, one_run, lm_run, monkeypatch):
+    """Lightning logs a validation during training after step N at step N - 1, but the test and a validation
+    after training at N: the report counted both ways in one column (here 15 and 24). It counts the optimiser
+    steps taken, trainer.global_step, as the best checkpoint's name and last.ckpt's global_step do."""
+    from matplotlib.figure import Figure
+
+    regression, lm = read_run(one_run / "r"), read_run(lm_run / "lm")
+    # the loggers' steps
+    assert [s for s, _, _ in regression.curve("val/loss")] == [1, 3]
+    assert [s for s, _, _ in lm.curve("val/bpc")] == [15, 24]
+    (best,) = (one_run / "r" / "checkpoints").glob("best-step*.ckpt")  # ModelCheckpoint's val/loss, during training
+    (row,) = summarise([regression], "val/loss")
+    assert row["best_step"] == int(best.stem.removeprefix("best-step")) and row["best_step"] in (2, 4)
+    assert [s for s, _ in regression.steps("val/loss")] == [2, 4]
+    steps = torch.load(lm_run / "lm" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert steps == 24
+    assert [s for s, _ in lm.steps("val/bpc")] == [16, steps] and lm.steps("test/bpc")[0][0] == steps
+    (row,) = summarise([lm], "test/bpc")
+    assert row["best_step"] == steps
+    (row,) = summarise([lm], "val/bpc")
+    assert row["best_step"] == min(lm.steps("val/bpc"), key=lambda p: p[1])[0]
+    assert lm.last_step() == steps and lm.status == "finished"
+    plotted = {}
+    savefig = Figure.savefig
+
+    def recording_savefig(fig, name, *args, **kwargs):
+        plotted[Path(name).name] = [list(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()]
+        return savefig(fig, name, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    plot([regression], "val/loss", tmp_path)
+    plot([lm], "val/bpc", tmp_path)
+    assert plotted["metric_vs_step.png"] == [[16, 24]]
+    assert plotted["train_loss.png"] == [list(range(1, 25))]
+
+
+def test_the_plots_name_the_runs_by_what_differs_else_by_their_folders(tmp_path, one_run, lm_run, monkeypatch):
+    """Legends showed run folders (timestamps): they name the settings that differ between the runs plotted,
+    as the "changed" column has them; runs alike in those also get their folder; none differ: the folders."""
+    from matplotlib.figure import Figure
+
+    regression = _copy(one_run / "r", tmp_path / "2026-12-01_09-00-00")
+    first = _copy(lm_run / "lm", tmp_path / "2026-12-01_10-00-00")
+    second = _copy(lm_run / "lm", tmp_path / "2026-12-01_11-00-00")
+    runs = [read_run(p) for p in (regression, first, second)]
+    named = labels(runs)
+    # keys shortened, the settings a run left at their defaults left out
+    assert named[regression] == "dataset=adding seq_len=10 max_steps=4 val_check_interval=2"
+    (row,) = [r for r in summarise(runs, "val/loss") if Path(r["run"]) == regression]
+    assert row["changed"].startswith("dataset=adding dataset.delay=- dataset.length=- dataset.seq_len=10 ")  # the column
+    for path in (first, second):  # alike: with their folders
+        assert named[path].startswith("dataset=copy delay=4 length=3 ") and named[path].endswith(f"… ({path.name})")
+    assert len(set(named.values())) == 3 and all(len(text) <= 72 for text in named.values())
+    assert labels(runs[1:]) == {first: first.name, second: second.name}  # nothing differs
+    legends = {}
+    savefig = Figure.savefig
+
+    def recording_savefig(fig, name, *args, **kwargs):
+        legends[Path(name).name] = [t.get_text() for ax in fig.axes if ax.get_legend()
+                                    for t in ax.get_legend().get_texts()]
+        return savefig(fig, name, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    plot(runs, "val/loss", tmp_path)
+    assert legends["metric_vs_step.png"] == [named[p] for p in (regression, first, second)]
+    assert not any(text.startswith("2026-") for text in legends["metric_vs_step.png"])
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,21 +1,32 @@
-// lltm-generate-cpp MODEL.pt [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
+// lltm-generate-cpp MODEL.pt2 [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
 //
-// Samples text from a character model exported with `lltm-export CKPT MODEL.pt --format torchscript`,
-// exactly as lltm-generate (lltm_train/inference.py: sample) does in Python: the prompt is read once, then
-// one token a step with the state carried; each token is drawn by torch::multinomial from
+// Samples text from a character model exported with `lltm-export CKPT MODEL.pt2` (the default format, aoti: a
+// torch.export program compiled by AOTInductor into a package, loaded here by torch::inductor::
+// AOTIModelPackageLoader), exactly as lltm-generate (lltm_train/inference.py: sample) does in Python: the prompt
+// is read once, then one token a step with the state carried; each token is drawn by torch::multinomial from
 // softmax((logits - max) / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
 // the same seed gives the same text token for token. The vocabulary and the state's size come from the
-// model file's extra files vocab.json and config.json ("states": 2 for (h, c) cells, the LLTM and the
-// LSTM; 1 for the GRU, whose state is h alone).
+// package's metadata vocab.json and config.json ("states": 2 for (h, c) cells, the LLTM and the LSTM; 1 for
+// the GRU and the RNN, whose state is h alone). The package must be compiled for the CPU (lltm-export
+// --device cpu, the default). The model calls the op library's ops (lltm::*) through the dispatcher: the
+// program links liblltm_ops.so, whose static registrations make them known (CMakeLists.txt).
+//
+// A file that is not a .pt2 is taken as a TorchScript file (lltm-export --format torchscript, deprecated with
+// torch.jit since torch 2.13), with the same two files as its extra files.
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/script.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -99,11 +110,54 @@ std::vector<std::string> characters(const std::string& text) {
   return out;
 }
 
+// A model file opened: its forward (tokens, *state) -> (logits, *state), and its vocab.json and config.json.
+struct Model {
+  std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)> forward;
+  std::string vocab_json, config_json;
+};
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Opens path: an AOTInductor package (.pt2), or else a TorchScript file. std::runtime_error if it cannot.
+Model load_model(const std::string& path) {
+  Model model;
+  if (ends_with(path, ".pt2")) {
+    auto loader = std::make_shared<torch::inductor::AOTIModelPackageLoader>(path);
+    std::unordered_map<std::string, std::string> meta = loader->get_metadata();
+    auto device = meta.find("AOTI_DEVICE_KEY");
+    if (device != meta.end() && device->second != "cpu") {
+      throw std::runtime_error("the package is compiled for " + device->second +
+                               "; this program runs on the CPU: export with lltm-export --device cpu");
+    }
+    if (!meta.count("vocab.json") || !meta.count("config.json")) {
+      throw std::runtime_error("the package has no vocab.json and config.json in its metadata: export it with lltm-export");
+    }
+    model.vocab_json = meta["vocab.json"];
+    model.config_json = meta["config.json"];
+    model.forward = [loader](const std::vector<torch::Tensor>& inputs) { return loader->run(inputs); };
+    return model;
+  }
+  torch::jit::ExtraFilesMap extra{{"vocab.json", ""}, {"config.json", ""}};
+  auto module = std::make_shared<torch::jit::Module>(torch::jit::load(path, torch::kCPU, extra));
+  module->eval();
+  model.vocab_json = extra["vocab.json"];
+  model.config_json = extra["config.json"];
+  model.forward = [module](const std::vector<torch::Tensor>& inputs) {
+    auto out = module->forward(std::vector<torch::jit::IValue>(inputs.begin(), inputs.end())).toTuple();
+    std::vector<torch::Tensor> results;
+    for (const auto& value : out->elements()) results.push_back(value.toTensor());
+    return results;
+  };
+  return model;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cerr << "usage: lltm-generate-cpp MODEL.pt [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
+    std::cerr << "usage: lltm-generate-cpp MODEL.pt2 [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
                  "[--seed S]\n";
     return argc < 2 ? 2 : 0;
   }
@@ -122,20 +176,23 @@ int main(int argc, char** argv) {
     std::cerr << "lltm-generate-cpp: error: need --temperature > 0, --length >= 0, --top-k >= 0\n";
     return 2;
   }
-  torch::jit::ExtraFilesMap extra{{"vocab.json", ""}, {"config.json", ""}};
-  torch::jit::Module model;
+  Model model;
   try {
-    model = torch::jit::load(argv[1], torch::kCPU, extra);
-  } catch (const std::exception& e) {
-    std::cerr << "lltm-generate-cpp: error: cannot load " << argv[1] << ": " << e.what() << "\n";
+    model = load_model(argv[1]);
+  } catch (const std::exception& e) {  // one line: the first of the message (libtorch's go on with details)
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+    message = message.substr(0, message.find('\n'));
+    std::cerr << "lltm-generate-cpp: error: cannot load " << argv[1] << ": " << message
+              << (c10_error && ends_with(argv[1], ".pt2") ? " (an AOTInductor package from lltm-export --format aoti, the default, "
+                                               "on the CPU?)" : "") << "\n";
     return 2;
   }
-  model.eval();
-  const std::vector<std::string> vocab = parse_string_array(extra["vocab.json"]);
-  const int64_t layers = json_int(extra["config.json"], "num_layers");
-  const int64_t hidden = json_int(extra["config.json"], "hidden_size");
-  // files exported before the GRU existed have no "states": they are (h, c) models
-  const int64_t states = extra["config.json"].find("\"states\"") == std::string::npos ? 2 : json_int(extra["config.json"], "states");
+  const std::vector<std::string> vocab = parse_string_array(model.vocab_json);
+  const int64_t layers = json_int(model.config_json, "num_layers");
+  const int64_t hidden = json_int(model.config_json, "hidden_size");
+  // TorchScript files exported before the GRU existed have no "states": they are (h, c) models
+  const int64_t states = model.config_json.find("\"states\"") == std::string::npos ? 2 : json_int(model.config_json, "states");
   std::map<std::string, int64_t> index;
   for (size_t i = 0; i < vocab.size(); ++i) index[vocab[i]] = static_cast<int64_t>(i);
 
@@ -156,11 +213,11 @@ int main(int argc, char** argv) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(std::stoull(opt["--seed"])));
   std::vector<torch::Tensor> state(states, torch::zeros({layers, 1, hidden}));  // (h, c) or (h)
   auto step = [&](const torch::Tensor& tokens) {
-    std::vector<torch::jit::IValue> inputs{tokens};
+    std::vector<torch::Tensor> inputs{tokens};
     inputs.insert(inputs.end(), state.begin(), state.end());
-    auto out = model.forward(inputs).toTuple();
-    for (int64_t i = 0; i < states; ++i) state[i] = out->elements()[1 + i].toTensor();
-    return out->elements()[0].toTensor();  // (T, 1, V)
+    std::vector<torch::Tensor> out = model.forward(inputs);  // (logits, *state)
+    for (int64_t i = 0; i < states; ++i) state[i] = out[1 + i];
+    return out[0];  // (T, 1, V)
   };
   auto logits = step(torch::tensor(prompt, torch::kLong).unsqueeze(1));
   std::string text = opt["--prompt"];

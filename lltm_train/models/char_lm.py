@@ -37,7 +37,7 @@ class CharLM(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, embedding_dim: int, num_layers: int = 1, dropout: float = 0.0,
                  num_classes: int | None = None, cell: str = "lltm", backend: str = "auto",
-                 bidirectional: bool = False) -> None:
+                 bidirectional: bool = False, forget_bias: float | None = None) -> None:
         super().__init__()
         v.positive_int("CharLM", "vocab_size", vocab_size)
         v.positive_int("CharLM", "embedding_dim", embedding_dim)
@@ -45,7 +45,8 @@ class CharLM(nn.Module):
             raise ValueError("model.bidirectional=true cannot be used to predict the next token (it would read the "
                              "future); use it with a sequence-level data set")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend)
+        self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend,
+                                   forget_bias=forget_bias)
         self.dropout = nn.Dropout(v.probability("CharLM", "dropout", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 

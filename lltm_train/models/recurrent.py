@@ -9,6 +9,9 @@ width with everything else equal.
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor, nn
 
 from .. import checks as v
@@ -20,23 +23,53 @@ CELLS = tuple(_SPECS)  # the cells' names (model.cell): lltm, lstm, gru, rnn, rn
 
 
 def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
-                    bidirectional: bool = False, backend: str = "auto") -> nn.Module:
+                    bidirectional: bool = False, backend: str = "auto", forget_bias: float | None = None) -> nn.Module:
     """A time-major recurrent layer: ``layer(x (T, B, F) or PackedSequence, state=None) -> (output, state)``.
 
+    ``forget_bias``: the forget gate's initial bias in every layer and direction (``bias_ih``'s forget rows;
+    ``bias_hh``'s are zero, so that the two add up to it), for the cells with a forget gate (the LSTM); None
+    keeps the uniform initialisation of ``torch.nn``. A bias of 1 keeps the cell state through the first
+    steps of training (Gers, Schmidhuber & Cummins 2000; Jozefowicz, Zaremba & Sutskever 2015).
+
     Raises:
-        ValueError: an unknown cell or backend, ``backend="torch"`` for a cell PyTorch lacks (the LLTM), or a
-            bad size or dropout.
+        ValueError: an unknown cell or backend, ``backend="torch"`` for a cell PyTorch lacks (the LLTM), a
+            bad size or dropout, or a forget_bias that is not a finite number or is given for a cell without
+            a forget gate.
     """
     v.one_of("model", "cell", cell, CELLS)
     check_backend_name(backend, cell)
     dropout = v.probability("model", "dropout", dropout) if num_layers > 1 else 0.0  # between layers only
+    if forget_bias is not None:
+        if "forget" not in _SPECS[cell].gates:
+            with_gate = ", ".join(name for name, spec in _SPECS.items() if "forget" in spec.gates)
+            raise ValueError(f"model: forget_bias is for cells with a forget gate ({with_gate}); the {cell} cell "
+                             "has none (leave forget_bias null)")
+        if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float)) or not math.isfinite(forget_bias):
+            raise ValueError(f"model: forget_bias must be a finite number or null, got {forget_bias!r}")
     if backend == "torch":
         v.positive_int("model", "hidden_size", hidden_size)
         v.positive_int("model", "num_layers", num_layers)
-        return _SPECS[cell].torch_layer(input_size, hidden_size, num_layers=num_layers, dropout=dropout,
-                                        bidirectional=bidirectional)
-    return recurrent_layers(cell, input_size, hidden_size, num_layers=num_layers, dropout=dropout,
-                            bidirectional=bidirectional, backend=backend)
+        layer = _SPECS[cell].torch_layer(input_size, hidden_size, num_layers=num_layers, dropout=dropout,
+                                         bidirectional=bidirectional)
+    else:
+        layer = recurrent_layers(cell, input_size, hidden_size, num_layers=num_layers, dropout=dropout,
+                                 bidirectional=bidirectional, backend=backend)
+    if forget_bias is not None:
+        set_forget_bias(layer, cell, hidden_size, float(forget_bias))
+    return layer
+
+
+@torch.no_grad()
+def set_forget_bias(layer: nn.Module, cell: str, hidden_size: int, value: float) -> None:
+    """Sets the forget-gate rows of every ``bias_ih*`` of ``layer`` to ``value`` and of every ``bias_hh*`` to 0
+    (torch.nn's parameter names and gate order, which every backend shares)."""
+    gate = _SPECS[cell].gates.index("forget")
+    rows = slice(gate * hidden_size, (gate + 1) * hidden_size)
+    for name, parameter in layer.named_parameters():
+        if name.startswith("bias_ih"):
+            parameter[rows] = value
+        elif name.startswith("bias_hh"):
+            parameter[rows] = 0.0
 
 
 def final_hidden(state) -> Tensor:

@@ -45,7 +45,7 @@ class LanguageModelTask(RecurrentTask):
 
     def __init__(self, input_size: int, output_size: int, *, embedding_dim: int, hidden_size: int, num_layers: int,
                  dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,
-                 sample_temperature: float, stateful: bool = False, **kwargs) -> None:
+                 sample_temperature: float, stateful: bool = False, forget_bias: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.uniform_loss = math.log(output_size)
         self.stateful = v.flag("LanguageModelTask", "stateful", stateful)
@@ -54,7 +54,7 @@ class LanguageModelTask(RecurrentTask):
         self.sample_temperature = v.positive_finite("LanguageModelTask", "sample_temperature", sample_temperature)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = CharLM(input_size, hidden_size, embedding_dim, num_layers, dropout, output_size, cell, backend,
-                          bidirectional)
+                          bidirectional, forget_bias)
         self.metrics = torch.nn.ModuleDict(
             {s: torch.nn.ModuleDict({"nll": MeanMetric(), "acc": MulticlassAccuracy(output_size, average="micro")})
              for s in ("val", "test")}

@@ -1,0 +1,44 @@
+"""What a run prints on the console: messages on their own lines beside tqdm's bars, without upstream noise."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from tqdm import tqdm
+
+# Upstream messages that are not the user's business: Lightning's advertisements for its cloud products, and
+# a deprecation inside Lightning's own code that torch >= 2.10 reports (lightning/pytorch/utilities/_pytree.py).
+_TIPS = ("💡 Tip:",)
+_DEPRECATIONS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+
+
+class NoTips(logging.Filter):
+    """Drops Lightning's "💡 Tip" lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TIPS)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """A stream handler that writes through ``tqdm.write``: a message printed while a progress bar is drawn gets
+    a line of its own (the bar is cleared and redrawn below it) instead of being glued to the bar's line."""
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(stream)
+        self.addFilter(NoTips())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 - as logging.StreamHandler: a failed write is reported, not raised
+            self.handleError(record)
+
+
+def quiet_upstream_warnings() -> None:
+    """Silences the upstream deprecation warnings listed above (the user can do nothing about them)."""
+    for message in _DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
