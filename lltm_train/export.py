@@ -2,16 +2,18 @@
 
 Formats (``--format``):
 
-- ``aoti`` (the default): ``torch.export`` of the model compiled by AOTInductor into a package (``.pt2``) for the
+- ``aoti`` (the default from torch 2.13): ``torch.export`` of the model compiled by AOTInductor into a package (``.pt2``) for the
   device at hand, T and B dynamic (1 to 100,000 each). Python: ``torch._inductor.aoti_load_package`` (after
   ``import lltm_train``, which registers the ops); C++: ``torch::inductor::AOTIModelPackageLoader`` with the op
   library loaded (``examples/cpp``). The vocabulary and the state's size are inside, as the package's metadata
   ``vocab.json`` and ``config.json``.
 - ``exported``: a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``), T and B dynamic as for
   ``aoti``; ``import lltm_train`` makes its ops known. The same two files are inside as extra files.
-- ``torchscript`` (deprecated: torch.jit is deprecated upstream since torch 2.13): ``torch.jit.trace`` of the
-  model, for TorchScript in Python or C++ (``torch::jit::load``), with the op library loaded. T and B may vary.
-  The same two files are inside as extra files. It stays while torch has torch.jit.
+- ``torchscript`` (the default before torch 2.13; deprecated from 2.13, which deprecates torch.jit):
+  ``torch.jit.trace`` of the model, for TorchScript in Python or C++ (``torch::jit::load``), with the op library
+  loaded. T and B may vary. The same two files are inside as extra files. It stays while torch has torch.jit.
+  (Before 2.13 AOTInductor is not the default: torch 2.11's loader crashed, SIGSEGV in ``_load_aoti``, on these
+  packages, seen on the H200 image with torch 2.11+cu130 on 2026-12-04.)
 
 Every format has one interface, by the state of the model's cell: ``(tokens (T, B) int64, h0 (L, B, H),
 c0 (L, B, H)) -> (logits (T, B, V), h_n, c_n)`` for the cells with a c state (LLTM, LSTM), ``(tokens, h0) ->
@@ -36,7 +38,11 @@ from torch import Tensor, nn
 from .nn import RecurrentLayers
 
 FORMATS = ("aoti", "exported", "torchscript")
-DEFAULT_FORMAT = "aoti"
+
+
+# torch 2.13 deprecates torch.jit: AOTInductor from there on; TorchScript before (see the module's docstring)
+JIT_DEPRECATED = torch.__version__ >= (2, 13)
+DEFAULT_FORMAT = "aoti" if JIT_DEPRECATED else "torchscript"
 SUFFIXES = {"aoti": ".pt2", "exported": ".pt2", "torchscript": ".pt"}
 MAX_DIM = 100_000
 TORCHSCRIPT_DEPRECATED = ("--format torchscript is deprecated: torch.jit is deprecated upstream since torch 2.13; the "
@@ -181,7 +187,10 @@ def check_in_fresh_process(model: nn.Module, fmt: str, path: Path, T: int = 7, B
         done = subprocess.run([sys.executable, "-c", _RELOAD, fmt, str(path), str(inputs), str(result)],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"loading {path} in a fresh process failed: {done.stderr.strip().splitlines()[-1:]}")
+            how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+            last = " | ".join(done.stderr.strip().splitlines()[-3:]) or "nothing on stderr"
+            hint = "; this torch's AOTInductor loader crashed: give --format exported" if fmt == "aoti" and done.returncode < 0 else ""
+            raise RuntimeError(f"loading {path} in a fresh process failed ({how}): {last}{hint}")
         got = torch.load(result)
     return max(float((g - w).abs().max()) for g, w in zip(got, want))
 
@@ -194,15 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a checkpoint of a text (or copy) model, e.g. outputs/.../checkpoints/last.ckpt")
     parser.add_argument("out", help="the file to write (.pt2 for aoti and exported)")
     parser.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
-                        help="aoti (the default): torch.export + AOTInductor, a .pt2 package compiled for this machine "
-                        "(needs a C++ compiler), for Python and C++ (examples/cpp); exported: a torch.export program "
-                        "(.pt2); torchscript: torch.jit.trace (.pt), DEPRECATED: torch.jit is deprecated upstream "
-                        "since torch 2.13 (this format stays while torch has it)")
+                        help=f"the default here: {DEFAULT_FORMAT} (aoti from torch 2.13, torchscript before). aoti: "
+                        "torch.export + AOTInductor, a .pt2 package compiled for this machine (needs a C++ compiler), for "
+                        "Python and C++ (examples/cpp); exported: a torch.export program (.pt2); torchscript: "
+                        "torch.jit.trace (.pt), DEPRECATED from torch 2.13, which deprecates torch.jit (the format stays "
+                        "while torch has it)")
     parser.add_argument("--backend", default="auto", help="the backend the file runs: auto, python, cpp, cuda (or torch "
                         "for a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
-    if a.format == "torchscript":
+    if a.format == "torchscript" and JIT_DEPRECATED:
         print(f"lltm-export: warning: {TORCHSCRIPT_DEPRECATED}", file=sys.stderr)
     try:
         out = Path(a.out)
@@ -210,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         if a.format == "aoti":
             if out.suffix != ".pt2":
                 name = out.with_suffix(".pt2") if out.suffix == ".pt" else f"{out}.pt2"
-                raise ValueError(f"an AOTInductor package (--format aoti, the default) is a .pt2 file: name it {name}"
+                default = ", the default" if DEFAULT_FORMAT == "aoti" else ""
+                raise ValueError(f"an AOTInductor package (--format aoti{default}) is a .pt2 file: name it {name}"
                                  + (" (or give --format torchscript, deprecated, for a TorchScript file)" if out.suffix == ".pt" else ""))
             missing = missing_compiler()
             if missing:
