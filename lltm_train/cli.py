@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .checkpoint_io import CheckpointWriteError
 from .config import ConfigError, cell_backends, config_dir, hydra_value
-from .console import quiet_upstream_warnings
+from .console import quiet_upstream_warnings, route_warnings
 from .report import higher_is_better, short_number
 from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, overrides_record
 
@@ -342,6 +342,7 @@ def _check_run_dir(argv: list[str]) -> None:
 
 def main() -> None:
     quiet_upstream_warnings()
+    route_warnings()
     if not sys.stderr.isatty():  # a log file: no colour codes (Optuna's log handler colours unconditionally)
         os.environ.setdefault("NO_COLOR", "1")
     sys.argv = [sys.argv[0], *_quote_paths(sys.argv[1:])]

@@ -42,3 +42,9 @@ def quiet_upstream_warnings() -> None:
     """Silences the upstream deprecation warnings listed above (the user can do nothing about them)."""
     for message in _DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
+def route_warnings() -> None:
+    """Python's warnings (Lightning's among them) go through logging's ``py.warnings`` logger, which the run's
+    logging config gives the console handler: on their own lines beside the progress bar, and in train.log."""
+    logging.captureWarnings(True)

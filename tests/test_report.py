@@ -136,13 +136,17 @@ def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_pa
     assert [r["rank"] for r in summarise(runs, "val/loss")] == [None] * 4  # no run logged it
 
 
+def _finished_run(tmp_path_factory, name: str, run_dir: str, overrides: list[str]) -> Path:
+    folder = tmp_path_factory.mktemp(name)
+    result = run(folder, *overrides, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
 @pytest.fixture(scope="module")
 def one_run(tmp_path_factory):
     """A folder holding one finished tiny run (hydra.run.dir=r), made once for the tests that copy it."""
-    folder = tmp_path_factory.mktemp("one_run")
-    result = run(folder, *TINY, "hydra.run.dir=r")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder
+    return _finished_run(tmp_path_factory, "one_run", "r", TINY)
 
 
 # A character model (the copy task: a LanguageModelTask, like the default job) validated every second epoch
@@ -158,10 +162,7 @@ LM = ["dataset=copy", "dataset.delay=4", "dataset.length=3", "dataset.train_size
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
     """A folder holding one finished tiny character model run (hydra.run.dir=lm), made once (about 10 s)."""
-    folder = tmp_path_factory.mktemp("lm_run")
-    result = run(folder, *LM, "hydra.run.dir=lm")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder
+    return _finished_run(tmp_path_factory, "lm_run", "lm", LM)
 
 
 def _copy(run_dir: Path, to: Path, optimized_metric: str | None = None) -> Path:
