@@ -150,8 +150,8 @@ def one_run(tmp_path_factory):
 
 
 # A character model (the copy task: a LanguageModelTask, like the default job) validated every second epoch
-# of 8 steps for 3 epochs: a validation during training after step 16, then one after training (trainer.validate)
-# after step 24, and the test.
+# of 8 steps for 3 epochs: a validation after step 16, then one after the last step, 24 (the run's last step
+# validates inside fit although its epoch is not a validation epoch), and the test.
 LM = ["dataset=copy", "dataset.delay=4", "dataset.length=3", "dataset.train_size=64", "dataset.val_size=16",
       "dataset.test_size=16", "dataset.batch_size=8", "model.hidden_size=8", "model.embedding_dim=4",
       "model.sample_length=0", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
@@ -227,7 +227,7 @@ def test_best_step_and_the_plots_count_optimiser_steps_as_the_checkpoints_do(tmp
     regression, lm = read_run(one_run / "r"), read_run(lm_run / "lm")
     # the loggers' steps
     assert [s for s, _, _ in regression.curve("val/loss")] == [1, 3]
-    assert [s for s, _, _ in lm.curve("val/bpc")] == [15, 24]
+    assert [s for s, _, _ in lm.curve("val/bpc")] == [15, 23]  # both inside fit (the test: at 24)
     (best,) = (one_run / "r" / "checkpoints").glob("best-step*.ckpt")  # ModelCheckpoint's val/loss, during training
     (row,) = summarise([regression], "val/loss")
     assert row["best_step"] == int(best.stem.removeprefix("best-step")) and row["best_step"] in (2, 4)
@@ -239,6 +239,9 @@ def test_best_step_and_the_plots_count_optimiser_steps_as_the_checkpoints_do(tmp
     assert row["best_step"] == steps
     (row,) = summarise([lm], "val/bpc")
     assert row["best_step"] == min(lm.steps("val/bpc"), key=lambda p: p[1])[0]
+    # ModelCheckpoint saw the last step's validation too (val/loss orders the steps as val/bpc does)
+    (best,) = (lm_run / "lm" / "checkpoints").glob("best-step*.ckpt")
+    assert int(best.stem.removeprefix("best-step")) == row["best_step"]
     assert lm.last_step() == steps and lm.status == "finished"
     plotted = {}
     savefig = Figure.savefig

@@ -276,6 +276,10 @@ class RecurrentTask(L.LightningModule, ABC):
             # run ends between validations: its ModelCheckpoint (best-step) sees it, the sample and the logs get
             # the run's step, and the training figures (train/loss) stay in the callback metrics.
             self.trainer.should_stop = True
+            if self.trainer.check_val_every_n_epoch not in (None, 1):
+                # Lightning validates only in every n-th epoch, and the last may not be one: then the final
+                # validation would run after fit, where ModelCheckpoint no longer saves the best
+                self.trainer.check_val_every_n_epoch = 1
         note = self.budget_notice.after_step(self.trainer, self.clock)
         if note:
             _info(note)
