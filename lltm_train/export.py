@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .console import quiet_upstream_warnings
 from .nn import RecurrentLayers
 
 FORMATS = ("aoti", "exported", "torchscript")
@@ -119,8 +120,7 @@ def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Pa
     _check_writable(Path(f"{out}.vocab.json"), fmt)
     extra = metadata(model, vocab)
     with torch.no_grad(), warnings.catch_warnings():
-        # a deprecation inside torch's own pytree code, which AOTInductor's packaging reports
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+        quiet_upstream_warnings()  # torch's pytree deprecation, which AOTInductor's packaging reports too
         if fmt == "torchscript":
             if not hasattr(torch.jit, "trace"):
                 raise ValueError(f"--format torchscript: torch {torch.__version__} has no torch.jit.trace; use --format aoti")

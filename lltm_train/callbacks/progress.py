@@ -6,6 +6,8 @@ import math
 
 from lightning.pytorch.callbacks import Timer, TQDMProgressBar
 
+from ..tasks.budget import timer_of
+
 # The run's seconds against its time budget, and the seconds left (the budget's, not tqdm's estimate).
 SECONDS_FORMAT = "{{l_bar}}{{bar}}| {{n:.0f}}/{{total:.0f}} s [{left} left{{postfix}}]"
 
@@ -27,23 +29,23 @@ class RunProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._timer: Timer | None = None
 
-    def _budget(self, trainer) -> Timer | None:
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        return timer if timer is not None and timer.time_remaining("train") is not None else None
-
     def _position(self, trainer) -> float:
         """Where the run is: training seconds with a time budget (the resumed runs' included), else steps."""
         if self._timer is not None:
             return float(self._timer.time_elapsed("train"))
         return trainer.global_step
 
+    def _seconds_format(self) -> str:
+        return SECONDS_FORMAT.format(left=f"{max(0.0, self._timer.time_remaining('train')):,.0f} s")
+
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         bar = self.train_progress_bar
-        self._timer = self._budget(trainer)
+        timer = timer_of(trainer)
+        self._timer = timer if timer is not None and timer.time_remaining("train") is not None else None
         if self._timer is not None:
             total = self._timer.time_elapsed("train") + max(0.0, self._timer.time_remaining("train"))
-            bar.unit, bar.bar_format = "s", SECONDS_FORMAT.format(left=f"{max(0.0, self._timer.time_remaining('train')):,.0f} s")
+            bar.unit, bar.bar_format = "s", self._seconds_format()
         else:
             steps = float(trainer.estimated_stepping_batches)
             total = int(steps) if math.isfinite(steps) else None
@@ -65,8 +67,7 @@ class RunProgressBar(TQDMProgressBar):
         position = self._position(trainer)
         bar.n = min(position, bar.total) if bar.total is not None else position
         if self._timer is not None:
-            left = max(0.0, self._timer.time_remaining("train"))
-            bar.bar_format = SECONDS_FORMAT.format(left=f"{left:,.0f} s")
+            bar.bar_format = self._seconds_format()
         bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
         bar.refresh()
 

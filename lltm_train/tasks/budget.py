@@ -63,7 +63,8 @@ class TrainingClock:
         return steps + step - self._paced[0], seconds + self._now() - self._paced[1]
 
 
-def _timer(trainer) -> Timer | None:
+def timer_of(trainer) -> Timer | None:
+    """The run's Lightning Timer (``trainer.max_time``; it has a budget when ``time_remaining`` is not None)."""
     return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
 
@@ -73,7 +74,7 @@ def planned_steps(trainer, clock: TrainingClock) -> float:
     than the steps the time left allows at this run's pace so far, re-estimated at every step, so that a run
     that stops on time ends its schedule as it stops."""
     steps = float(trainer.estimated_stepping_batches)
-    timer = _timer(trainer)
+    timer = timer_of(trainer)
     remaining = timer.time_remaining("train") if timer is not None else None
     if remaining is None:
         return steps
@@ -86,7 +87,7 @@ def planned_steps(trainer, clock: TrainingClock) -> float:
 def unfinished_schedule(trainer, clock: TrainingClock) -> str | None:
     """One line when a run ended before the end of its learning-rate schedule (stopped by a callback, for
     instance), else None."""
-    timer = _timer(trainer)
+    timer = timer_of(trainer)
     if timer is not None and (timer.time_remaining("train") or 0.0) <= 0:
         return None  # it ended on time: the schedule ended with it
     total = planned_steps(trainer, clock)
@@ -100,7 +101,7 @@ def unfinished_schedule(trainer, clock: TrainingClock) -> str | None:
 def budget_note(trainer, clock: TrainingClock) -> str | None:
     """With a time budget that bounds the run more than its steps do: how many steps it allows at this pace,
     which the schedule spans (said once, after some steps)."""
-    timer = _timer(trainer)
+    timer = timer_of(trainer)
     if timer is None or timer.time_remaining("train") is None:
         return None
     total = planned_steps(trainer, clock)
@@ -113,7 +114,7 @@ def budget_note(trainer, clock: TrainingClock) -> str | None:
 
 def spent_budget(trainer) -> str | None:
     """A resumed run whose time budget the earlier runs used up already."""
-    timer = _timer(trainer)
+    timer = timer_of(trainer)
     if timer is None or (timer.time_remaining("train") or 0.0) > 0:
         return None
     return (f"lltm-train: warning: the time budget (trainer.max_time) was spent before this run started "
