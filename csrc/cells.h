@@ -20,6 +20,9 @@
 //       gx[G]: x-side pre-activations (x W_ih^T + b_ih, plus b_hh for the gates that are not split);
 //       gh[G]: h-side ones (h W_hh^T, plus b_hn for the split gate); c_prev, h_prev: the state before.
 //       Writes saved[A], c (cells with a c state) and h.
+//   cell_update(saved, c_prev)   (cells with a c state) c from the saved activations and c_prev: what
+//                    forward writes to c, recomputed by a backward under zoneout (which keeps only the
+//                    state after zoneout).
 //   backward(dh, dc, saved, c, c_prev, h_prev, dg, dh_prev)
 //       dh: dL/dh after the step (from every use); dc: dL/dc after the step on entry, before it on return.
 //       Writes dg[kGradBlocks] and dh_prev, the part of dL/dh_prev that does not go through W_hh (the GRU's
@@ -63,8 +66,13 @@ struct LLTMCell {
     s[1] = sigmoid<acc_t, M>(gx[1] + gh[1]);
     const acc_t g = gx[2] + gh[2];
     s[2] = g > acc_t(0) ? g : M::expm1(g);
-    c = c_prev + s[0] * s[2];
+    c = cell_update(s, c_prev);
     h = M::tanh(c) * s[1];
+  }
+
+  template <typename acc_t>
+  LLTM_HOST_DEVICE static acc_t cell_update(const acc_t (&s)[3], acc_t c_prev) {
+    return c_prev + s[0] * s[2];
   }
 
   template <typename acc_t, typename M>
@@ -95,8 +103,13 @@ struct LSTMCell {
     s[1] = sigmoid<acc_t, M>(gx[1] + gh[1]);
     s[2] = M::tanh(gx[2] + gh[2]);
     s[3] = sigmoid<acc_t, M>(gx[3] + gh[3]);
-    c = s[1] * c_prev + s[0] * s[2];
+    c = cell_update(s, c_prev);
     h = s[3] * M::tanh(c);
+  }
+
+  template <typename acc_t>
+  LLTM_HOST_DEVICE static acc_t cell_update(const acc_t (&s)[4], acc_t c_prev) {
+    return s[1] * c_prev + s[0] * s[2];
   }
 
   template <typename acc_t, typename M>
@@ -211,15 +224,35 @@ LLTM_UNROLL
 // `cells`), and its gates get no gradient; dL/dh and dL/dc pass through it unchanged.
 LLTM_HOST_DEVICE bool running(const int64_t* lengths, int64_t b, int64_t t) { return lengths == nullptr || t < lengths[b]; }
 
+// Zoneout (Krueger et al. 2017, "Zoneout: Regularizing RNNs by Randomly Preserving Hidden Activations"): after
+// a running step each state is lerp(new, previous, z) = (1 - z) new + z previous, with z the op's `zoneout`
+// factor of that state, row, unit and step (1 keeps the previous value: a zoned-out unit; 0 takes the new one;
+// the expectation p in evaluation). lerp is torch.lerp's formula, exact at both ends.
+template <typename acc_t>
+struct Zoneout {
+  bool on = false;
+  acc_t h = acc_t(0), c = acc_t(0);  // the factors of h and c (c: cells with a c state)
+};
+
+template <typename acc_t>
+LLTM_HOST_DEVICE acc_t lerp(acc_t from, acc_t to, acc_t w) {
+  return w < acc_t(0.5) ? from + w * (to - from) : to - (to - from) * (acc_t(1) - w);
+}
+
 // One (row, unit) forward step under that rule, on values: gx, gh the x- and h-side pre-activations; c, h
-// the running state, updated (kept by a finished row); s: the activations to save (zeros for a finished
-// row, so that every output of the op is defined). Returns the step's output (zero for a finished row).
+// the running state, updated (kept by a finished row; h must hold h_{t-1} under zoneout, whatever the cell);
+// s: the activations to save (zeros for a finished row, so that every output of the op is defined); z: the
+// step's zoneout. Returns the step's output (zero for a finished row).
 template <typename Cell, typename M, bool kRun, typename acc_t>
 LLTM_HOST_DEVICE acc_t forward_values(const acc_t (&gx)[Cell::kGates], const acc_t (&gh)[Cell::kGates], acc_t& c,
-                                      acc_t& h, acc_t (&s)[Cell::kSaved]) {
+                                      acc_t& h, acc_t (&s)[Cell::kSaved], const Zoneout<acc_t>& z = {}) {
   if constexpr (kRun) {
     acc_t c_new = c, h_new;
     Cell::template forward<acc_t, M>(gx, gh, c, h, s, c_new, h_new);
+    if (z.on) {  // h (and c) hold the state before the step
+      if constexpr (Cell::kHasCell) c_new = lerp(c_new, c, z.c);
+      h_new = lerp(h_new, h, z.h);
+    }
     c = c_new;
     h = h_new;
     return h;
@@ -235,19 +268,21 @@ LLTM_UNROLL
 // (may be gx itself: read before written); output, cell_out: this step's slots (cell_out: cells with c).
 template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
 LLTM_HOST_DEVICE void forward_step(const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
-                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H) {
+                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H,
+                                   const Zoneout<acc_t>& z = {}) {
   acc_t x[Cell::kGates], s[Cell::kSaved];
   if constexpr (kRun) load_blocks(gx, H, x);
-  *output = scalar_t(forward_values<Cell, M, kRun>(x, gh, c, h, s));
+  *output = scalar_t(forward_values<Cell, M, kRun>(x, gh, c, h, s, z));
   store_blocks(saved, H, s);
   if constexpr (Cell::kHasCell) *cell_out = scalar_t(c);
 }
 
 template <typename Cell, typename M, typename acc_t, typename scalar_t>
 LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
-                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H) {
+                                   scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H,
+                                   const Zoneout<acc_t>& z = {}) {
   if (run) {
-    forward_step<Cell, M, true>(gx, gh, c, h, saved, output, cell_out, H);
+    forward_step<Cell, M, true>(gx, gh, c, h, saved, output, cell_out, H, z);
   } else {
     forward_step<Cell, M, false>(gx, gh, c, h, saved, output, cell_out, H);
   }
@@ -256,13 +291,26 @@ LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&g
 // One (row, unit) backward step under that rule, on values. dh_later: dL/dh_t from the steps after t;
 // d_out: dL/dh_t through this step's output (it counts only while the row runs: a finished row outputs a
 // constant zero); dc: as in the cells' backward; s: the step's saved activations; c, c_prev, h_prev: as
-// the cell needs them (kNeedsCPrev, kNeedsHPrev). Writes the gate gradients dg (zero for a finished row)
-// and returns the part of dL/dh_{t-1} that does not go through W_hh.
+// the cell needs them (kNeedsCPrev, kNeedsHPrev; c_prev also for a cell with a c state under zoneout, whose c
+// is then the state after zoneout: the cell's own c is recomputed). Writes the gate gradients dg (zero for a
+// finished row) and returns the part of dL/dh_{t-1} that does not go through W_hh.
 template <typename Cell, typename M, bool kRun, typename acc_t>
 LLTM_HOST_DEVICE acc_t backward_values(acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved], acc_t c,
-                                       acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks]) {
+                                       acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
+                                       const Zoneout<acc_t>& z = {}) {
   acc_t dh_prev = dh_later;  // a finished row: h_t is h_{t-1}
   if constexpr (kRun) {
+    if (z.on) {  // lerp(new, previous, z): (1 - z) of each gradient to the step, z straight to the state before
+      const acc_t dh = dh_later + d_out, dc_t = dc;
+      if constexpr (Cell::kHasCell) {
+        c = Cell::cell_update(s, c_prev);
+        dc = (acc_t(1) - z.c) * dc_t;
+      }
+      Cell::template backward<acc_t, M>((acc_t(1) - z.h) * dh, dc, s, c, c_prev, h_prev, dg, dh_prev);
+      dh_prev += z.h * dh;
+      if constexpr (Cell::kHasCell) dc += z.c * dc_t;
+      return dh_prev;
+    }
     Cell::template backward<acc_t, M>(dh_later + d_out, dc, s, c, c_prev, h_prev, dg, dh_prev);
   } else {
 LLTM_UNROLL
@@ -273,8 +321,9 @@ LLTM_UNROLL
 
 template <typename Cell, typename M, typename acc_t>
 LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved],
-                                       acc_t c, acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks]) {
-  return run ? backward_values<Cell, M, true>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg)
+                                       acc_t c, acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
+                                       const Zoneout<acc_t>& z = {}) {
+  return run ? backward_values<Cell, M, true>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg, z)
              : backward_values<Cell, M, false>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg);
 }
 
@@ -283,10 +332,10 @@ LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, ac
 template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
 LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
                                      acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
-                                     int64_t H) {
+                                     int64_t H, const Zoneout<acc_t>& z = {}) {
   acc_t s[Cell::kSaved];
   if constexpr (kRun) load_blocks(saved, H, s);
-  const acc_t dh_prev = backward_values<Cell, M, kRun>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg);
+  const acc_t dh_prev = backward_values<Cell, M, kRun>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg, z);
   store_blocks(grad, H, dg);
   return dh_prev;
 }
@@ -294,8 +343,8 @@ LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, acc_t& dc, con
 template <typename Cell, typename M, typename acc_t, typename scalar_t>
 LLTM_HOST_DEVICE acc_t backward_step(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
                                      acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
-                                     int64_t H) {
-  return run ? backward_step<Cell, M, true>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H)
+                                     int64_t H, const Zoneout<acc_t>& z = {}) {
+  return run ? backward_step<Cell, M, true>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H, z)
              : backward_step<Cell, M, false>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H);
 }
 

@@ -137,6 +137,18 @@ Tensor check_lengths(const std::string& op, const OptTensor& lengths, const Size
   return c;
 }
 
+// Undefined when absent; otherwise (T, B, S H) of the input's dtype and device, S the cell's states, made
+// contiguous (an expanded constant of evaluation's expectation is materialised here).
+template <typename Cell>
+Tensor check_zoneout(const std::string& op, const OptTensor& zoneout, const Sizes& s, const Tensor& input) {
+  if (!zoneout.has_value()) return Tensor();
+  constexpr int S = Cell::kHasCell ? 2 : 1;
+  check_shape(op, "zoneout", *zoneout, {s.T, s.B, S * s.H},
+              std::string("(T, B, ") + (S == 2 ? "2 * " : "") + "hidden_size)");
+  check_like(op, "zoneout", *zoneout, input);
+  return zoneout->contiguous();
+}
+
 // A saved tensor of the forward, or an incoming gradient: the expected shape, dtype and device.
 Tensor checked(const std::string& op, const char* name, const Tensor& t, at::IntArrayRef expected, const Tensor& ref) {
   check_shape(op, name, t, expected, "(as the forward made it)");
@@ -178,6 +190,7 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   check_bias(op, Schema<Cell>::bias_name(), a.bias_ih, G * s.H, G, a.input);
   check_bias(op, "bias_hh", a.bias_hh, G * s.H, G, a.input);
   const Tensor lens = check_lengths(op, a.lengths, s);
+  const Tensor zoneout = check_zoneout<Cell>(op, a.zoneout, s, a.input);
   const auto opts = a.input.options();
   // One GEMM projects the input of every time step; the recurrence adds h_{t-1} W_hh^T step by step.
   const Tensor x2d = a.input.reshape({s.T * s.B, s.I});
@@ -190,6 +203,7 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   f.h0 = a.h0.contiguous();
   f.weight_hh = a.weight_hh.contiguous();
   f.lengths = lens;
+  f.zoneout = zoneout;
   f.output = at::empty({s.T, s.B, s.H}, opts);
   const int64_t kept = a.save ? s.T : 1;  // steps of `cells` and separate activations (lltm.h: save=False)
   f.activations = Cell::kSaved == G ? gates : at::empty({kept, s.B, Cell::kSaved * s.H}, opts);
@@ -209,11 +223,12 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
   const std::string op = op_name<Cell>(true);
   const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
-  if (Cell::kNeedsCPrev) check_c0(op, a.c0, s, a.input);
+  if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
   const int64_t T = s.T, B = s.B, H = s.H, I = s.I;
   const auto opts = a.input.options();
   BackwardTensors b;
   b.lengths = check_lengths(op, a.lengths, s);
+  b.zoneout = check_zoneout<Cell>(op, a.zoneout, s, a.input);
   b.grad_output = optional_grad(op, "grad_output", a.grad_output, {T, B, H}, a.input);
   b.grad_h_n = optional_grad(op, "grad_h_n", a.grad_h_n, {B, H}, a.input);
   b.output = checked(op, "output", a.output, {T, B, H}, a.input);
@@ -226,7 +241,7 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   if constexpr (Cell::kHasCell) {
     b.grad_c_n = optional_grad(op, "grad_c_n", a.grad_c_n, {B, H}, a.input);
     b.cells = checked(op, "cells", a.cells, {T, B, H}, a.input);
-    if (Cell::kNeedsCPrev) b.c0 = a.c0.contiguous();
+    b.c0 = a.c0.contiguous();
     b.grad_c0 = at::empty({B, H}, opts);
   }
   // The weight gradients' left operands, transposed by the CPU loop for oneDNN (see weight_grad).

@@ -13,6 +13,11 @@
 // Variable lengths: `lengths` (B,) int64 on the CPU, each in [0, T], or undefined for "all T". Row b
 // stops at step lengths[b] (cells.h gives the rule); h_n and c_n hold its state after its own last step.
 //
+// Zoneout: `zoneout` (In, B, S H) of the input's dtype and device, S the cell's states (h, then c), or undefined
+// for none: after each running step, state = lerp(new, previous, factor) (cells.h). The factors get no gradient.
+// Under zoneout `cells` holds the c state after zoneout, and the backward recomputes the cell's own c from the
+// saved activations and c_{t-1} (so every cell with a c state passes c0 to its backward).
+//
 // save=False (the forward under torch.no_grad or inference mode, for sampling and evaluation, as haste's
 // `Training` flag): nothing is kept for a backward. `cells` and the activations that are not the `gates`
 // buffer itself hold one step, (1, B, .), which every step overwrites (see step_stride), and the op returns
@@ -42,6 +47,7 @@ struct ForwardTensors {
   Tensor h0, c0;       // (B, H); c0 undefined for a cell without a c state
   Tensor weight_hh;    // (G H, H)
   Tensor lengths;      // (B,) int64 (on the CPU; a CUDA recurrence moves it), or undefined
+  Tensor zoneout;      // (In, B, S H), or undefined
   Tensor output;       // written (In, B, H): h_1..h_T, zero past a row's length
   Tensor activations;  // written (In or 1, B, kSaved H); the same tensor as `gates` when kSaved == G
   Tensor cells;        // written (In or 1, B, H): c_1..c_T; undefined without a c state
@@ -52,7 +58,8 @@ struct ForwardTensors {
 struct BackwardTensors {
   Tensor grad_output, grad_h_n, grad_c_n;  // (In, B, H), (B, H), (B, H), or undefined for zeros
   Tensor activations, cells, output;       // as the forward wrote them
-  Tensor h0, c0, weight_hh, lengths;       // as the forward had them
+  Tensor h0, c0, weight_hh, lengths;       // as the forward had them (c0: cells with a c state)
+  Tensor zoneout;                          // as the forward had it
   Tensor grad_gates;                       // written (In, B, kGradBlocks H): zero at finished rows' steps
   Tensor grad_h0, grad_c0;                 // written (B, H); grad_c0 undefined without a c state
   // Optional (a CPU loop writes them where defined): the weight gradients' left operands transposed,
@@ -75,6 +82,7 @@ struct LayerInputs {
   Tensor input, h0, c0, weight_ih, weight_hh;
   OptTensor bias_ih, bias_hh, lengths;
   bool save = true;  // keep what the backward needs (see save=False above)
+  OptTensor zoneout;
 };
 struct LayerOutputs {
   Tensor output, h_n, c_n, cells, activations;
@@ -82,7 +90,7 @@ struct LayerOutputs {
 struct LayerGradInputs {
   OptTensor grad_output, grad_h_n, grad_c_n;
   Tensor input, h0, c0, weight_ih, weight_hh, output, cells, activations;
-  OptTensor lengths;
+  OptTensor lengths, zoneout;
 };
 struct LayerGrads {
   Tensor input, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh;
@@ -96,12 +104,12 @@ template <typename Cell>
 LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
 
 // A cell's two op schemas, from its trait (the ops' arguments in this order):
-//   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True)
+//   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True, zoneout=None)
 //            -> (output, h_n, [c_n, cells], activations)
 //   backward (grad_output, grad_h_n, [grad_c_n], input, h0, [c0], weight_ih, weight_hh, output, [cells],
-//             activations, lengths) -> (grad_input, grad_h0, [grad_c0], grad_weight_ih, grad_weight_hh, grad_biases)
-// [c0, c_n, cells, grad_c_n, grad_c0]: cells with a c state (the backward's c0: kNeedsCPrev); biases: `bias`
-// (kBiases = 1) or `bias_ih, bias_hh`.
+//             activations, lengths, zoneout=None)
+//            -> (grad_input, grad_h0, [grad_c0], grad_weight_ih, grad_weight_hh, grad_biases)
+// [c0, c_n, cells, grad_c_n, grad_c0]: cells with a c state; biases: `bias` (kBiases = 1) or `bias_ih, bias_hh`.
 template <typename Cell>
 struct Schema {
   static std::string forward_name() { return std::string(Cell::kOpPrefix) + "layer_forward"; }
@@ -110,14 +118,14 @@ struct Schema {
   static std::string forward() {
     const std::string c = Cell::kHasCell ? "Tensor c0, " : "";
     return forward_name() + "(Tensor input, Tensor h0, " + c + "Tensor weight_ih, Tensor weight_hh, " +
-           biases_list("Tensor? ", "") + ", Tensor? lengths, bool save=True) -> (Tensor output, Tensor h_n, " +
+           biases_list("Tensor? ", "") + ", Tensor? lengths, bool save=True, Tensor? zoneout=None) -> (Tensor output, Tensor h_n, " +
            (Cell::kHasCell ? "Tensor c_n, Tensor cells, " : "") + "Tensor activations)";
   }
   static std::string backward() {
     return backward_name() + "(Tensor? grad_output, Tensor? grad_h_n, " + (Cell::kHasCell ? "Tensor? grad_c_n, " : "") +
-           "Tensor input, Tensor h0, " + (Cell::kNeedsCPrev ? "Tensor c0, " : "") +
+           "Tensor input, Tensor h0, " + (Cell::kHasCell ? "Tensor c0, " : "") +
            "Tensor weight_ih, Tensor weight_hh, Tensor output, " + (Cell::kHasCell ? "Tensor cells, " : "") +
-           "Tensor activations, Tensor? lengths) -> (Tensor grad_input, Tensor grad_h0, " +
+           "Tensor activations, Tensor? lengths, Tensor? zoneout=None) -> (Tensor grad_input, Tensor grad_h0, " +
            (Cell::kHasCell ? "Tensor grad_c0, " : "") + "Tensor grad_weight_ih, Tensor grad_weight_hh, " +
            biases_list("Tensor ", "grad_") + ")";
   }
@@ -138,7 +146,7 @@ struct ForwardArgs {
     if constexpr (Cell::kHasCell) f(a.c0);
     f(a.weight_ih), f(a.weight_hh), f(a.bias_ih);
     if constexpr (Cell::kBiases == 2) f(a.bias_hh);
-    f(a.lengths), f(a.save);
+    f(a.lengths), f(a.save), f(a.zoneout);
   }
 };
 
@@ -159,10 +167,10 @@ struct BackwardArgs {
     f(a.grad_output), f(a.grad_h_n);
     if constexpr (Cell::kHasCell) f(a.grad_c_n);
     f(a.input), f(a.h0);
-    if constexpr (Cell::kNeedsCPrev) f(a.c0);
+    if constexpr (Cell::kHasCell) f(a.c0);
     f(a.weight_ih), f(a.weight_hh), f(a.output);
     if constexpr (Cell::kHasCell) f(a.cells);
-    f(a.activations), f(a.lengths);
+    f(a.activations), f(a.lengths), f(a.zoneout);
   }
 };
 

@@ -59,11 +59,12 @@ struct LayerBackward : public torch::autograd::Function<LayerBackward<Cell>> {
   static variable_list forward(AutogradContext*, const OptTensor& grad_output, const OptTensor& grad_h_n,
                                const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0, const OptTensor& c0,
                                const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& output,
-                               const OptTensor& cells, const Tensor& activations, const OptTensor& lengths) {
+                               const OptTensor& cells, const Tensor& activations, const OptTensor& lengths,
+                               const OptTensor& zoneout) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerGrads g = call_backward<Cell>({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
                                                    weight_ih, weight_hh, output, cells.value_or(Tensor()), activations,
-                                                   lengths});
+                                                   lengths, zoneout});
     return pack<Cell>(g);
   }
 
@@ -78,12 +79,12 @@ template <typename Cell>
 struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& h0, const OptTensor& c0,
                                const Tensor& weight_ih, const Tensor& weight_hh, const OptTensor& bias_ih,
-                               const OptTensor& bias_hh, const OptTensor& lengths) {
+                               const OptTensor& bias_hh, const OptTensor& lengths, const OptTensor& zoneout) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const LayerOutputs r =
-        call_forward<Cell>({input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths});
-    ctx->save_for_backward({input, h0, Cell::kNeedsCPrev ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
-                            r.activations});
+    const LayerOutputs r = call_forward<Cell>(
+        {input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths, true, zoneout});
+    ctx->save_for_backward({input, h0, Cell::kHasCell ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
+                            r.activations, zoneout.value_or(Tensor())});
     ctx->saved_data["has_bias_ih"] = bias_ih.has_value();
     ctx->saved_data["has_bias_hh"] = bias_hh.has_value();
     ctx->saved_data["lengths"] = lengths.has_value() ? c10::IValue(*lengths) : c10::IValue();
@@ -99,7 +100,8 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
     const OptTensor grad_c_n = Cell::kHasCell ? defined_or_none(grads[2]) : std::nullopt;
     const LayerGrads g = unpack_grads<Cell>(
         LayerBackward<Cell>::apply(defined_or_none(grads[0]), defined_or_none(grads[1]), grad_c_n, s[0], s[1],
-                                   defined_or_none(s[2]), s[3], s[4], s[5], defined_or_none(s[6]), s[7], lengths));
+                                   defined_or_none(s[2]), s[3], s[4], s[5], defined_or_none(s[6]), s[7], lengths,
+                                   defined_or_none(s[8])));
     return {g.input,
             g.h0,
             g.c0,
@@ -107,7 +109,8 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
             g.weight_hh,
             ctx->saved_data["has_bias_ih"].toBool() ? g.bias_ih : Tensor(),
             ctx->saved_data["has_bias_hh"].toBool() ? g.bias_hh : Tensor(),
-            Tensor()};
+            Tensor(),    // lengths
+            Tensor()};   // zoneout: the factors get no gradient
   }
 };
 
@@ -130,14 +133,15 @@ LayerOutputs autograd_forward(const LayerInputs& a) {
     return call_forward<Cell>(a);
   }
   return unpack_outputs<Cell>(LayerForward<Cell>::apply(a.input, a.h0, defined_or_none(a.c0), a.weight_ih,
-                                                         a.weight_hh, a.bias_ih, a.bias_hh, a.lengths));
+                                                         a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.zoneout));
 }
 
 template <typename Cell>
 LayerGrads autograd_backward(const LayerGradInputs& a) {
   return unpack_grads<Cell>(LayerBackward<Cell>::apply(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0,
                                                         defined_or_none(a.c0), a.weight_ih, a.weight_hh, a.output,
-                                                        defined_or_none(a.cells), a.activations, a.lengths));
+                                                        defined_or_none(a.cells), a.activations, a.lengths,
+                                                        a.zoneout));
 }
 
 template <typename Cell>

@@ -72,8 +72,15 @@ struct RowsForward {
   scalar_t* output;
   scalar_t* cells;          // c_t (cells with a c state)
   const int64_t* lengths;   // of these rows, or null
+  const scalar_t* zoneout;  // this step's factors of these rows, (rows, S H), or null
   int64_t t, rows, H;
 };
+
+// The zoneout factors of unit j of a row whose factors start at `z` (h's block, then c's).
+template <typename Cell, typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE Zoneout<acc_t> zoneout_at(const scalar_t* z, int64_t j, int64_t H) {
+  return {true, acc_t(z[j]), Cell::kHasCell ? acc_t(z[H + j]) : acc_t(0)};
+}
 
 template <typename scalar_t, typename acc_t>
 struct RowsBackward {
@@ -86,15 +93,16 @@ struct RowsBackward {
   const scalar_t* h_prev;       // h_{t-1} (kNeedsHPrev)
   scalar_t* grad;
   const int64_t* lengths;
+  const scalar_t* zoneout;      // as RowsForward's
   int64_t t, rows, H;
 };
 
 // One row's pointwise forward at one step; the branches of a row (does it run, is there a b_hn) are
 // template arguments, so that the loop over units vectorises.
-template <typename Cell, typename scalar_t, typename M, bool kRun, bool kBiasHN>
+template <typename Cell, typename scalar_t, typename M, bool kRun, bool kBiasHN, bool kZone = false>
 LLTM_HOST_DEVICE void forward_row(const RowsForward<scalar_t>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int G = Cell::kGates;
+  constexpr int G = Cell::kGates, S = Cell::kHasCell ? 2 : 1;
   const int64_t H = p.H;
   const scalar_t* gx = p.gx + r * G * H;
   const scalar_t* gh = p.gh + r * G * H;
@@ -105,9 +113,11 @@ LLTM_HOST_DEVICE void forward_row(const RowsForward<scalar_t>& p, int64_t r) {
     load_blocks(gh + j, H, h_side);
     if constexpr (kBiasHN) h_side[G - 1] += acc_t(p.bias_hn[j]);
     acc_t c = Cell::kHasCell ? acc_t(p.c_prev[r * H + j]) : acc_t(0);
-    acc_t h = Cell::kNeedsHPrev ? acc_t(p.h_prev[r * H + j]) : acc_t(0);
+    acc_t h = Cell::kNeedsHPrev || kZone ? acc_t(p.h_prev[r * H + j]) : acc_t(0);
+    Zoneout<acc_t> z;
+    if constexpr (kZone) z = zoneout_at<Cell, acc_t>(p.zoneout + r * S * H, j, H);
     forward_step<Cell, M, kRun>(gx + j, h_side, c, h, saved + j, p.output + r * H + j,
-                                Cell::kHasCell ? p.cells + r * H + j : nullptr, H);
+                                Cell::kHasCell ? p.cells + r * H + j : nullptr, H, z);
   }
 }
 
@@ -118,6 +128,12 @@ LLTM_HOST_DEVICE void forward_rows(const RowsForward<scalar_t>& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     if (!running(p.lengths, r, p.t)) {
       forward_row<Cell, scalar_t, M, false, false>(p, r);
+    } else if (p.zoneout) {
+      if (bias_hn) {
+        forward_row<Cell, scalar_t, M, true, Cell::kSplit, true>(p, r);
+      } else {
+        forward_row<Cell, scalar_t, M, true, false, true>(p, r);
+      }
     } else if (bias_hn) {
       forward_row<Cell, scalar_t, M, true, Cell::kSplit>(p, r);
     } else {
@@ -126,9 +142,11 @@ LLTM_HOST_DEVICE void forward_rows(const RowsForward<scalar_t>& p) {
   }
 }
 
-template <typename Cell, typename scalar_t, typename M, bool kRun, bool kGradOutput>
+template <typename Cell, typename scalar_t, typename M, bool kRun, bool kGradOutput, bool kZone = false>
 LLTM_HOST_DEVICE void backward_row(const RowsBackward<scalar_t, at::opmath_type<scalar_t>>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
+  constexpr int S = Cell::kHasCell ? 2 : 1;
+  constexpr bool kCPrev = Cell::kNeedsCPrev || (kZone && Cell::kHasCell);
   const int64_t H = p.H;
   const scalar_t* saved = p.saved + r * Cell::kSaved * H;
   scalar_t* grad = p.grad + r * Cell::kGradBlocks * H;
@@ -137,10 +155,12 @@ LLTM_HOST_DEVICE void backward_row(const RowsBackward<scalar_t, at::opmath_type<
     const int64_t k = r * H + j;
     acc_t dc = Cell::kHasCell ? p.dc[k] : acc_t(0), dg[Cell::kGradBlocks];
     const acc_t d_out = kGradOutput ? acc_t(p.grad_output[k]) : acc_t(0);
+    Zoneout<acc_t> z;
+    if constexpr (kZone) z = zoneout_at<Cell, acc_t>(p.zoneout + r * S * H, j, H);
     const acc_t dh = backward_step<Cell, M, kRun>(
         acc_t(p.dh[k]), d_out, dc, saved + j, Cell::kHasCell ? acc_t(p.c[k]) : acc_t(0),
-        Cell::kNeedsCPrev ? acc_t(p.c_prev[k]) : acc_t(0), Cell::kNeedsHPrev ? acc_t(p.h_prev[k]) : acc_t(0), dg,
-        grad + j, H);
+        kCPrev ? acc_t(p.c_prev[k]) : acc_t(0), Cell::kNeedsHPrev ? acc_t(p.h_prev[k]) : acc_t(0), dg,
+        grad + j, H, z);
     if (Cell::kHasCell) p.dc[k] = dc;
     p.dh[k] = scalar_t(dh);
   }
@@ -152,6 +172,12 @@ LLTM_HOST_DEVICE void backward_rows(const RowsBackward<scalar_t, at::opmath_type
   for (int64_t r = 0; r < p.rows; ++r) {
     if (!running(p.lengths, r, p.t)) {
       backward_row<Cell, scalar_t, M, false, false>(p, r);
+    } else if (p.zoneout) {
+      if (p.grad_output) {
+        backward_row<Cell, scalar_t, M, true, true, true>(p, r);
+      } else {
+        backward_row<Cell, scalar_t, M, true, false, true>(p, r);
+      }
     } else if (p.grad_output) {
       backward_row<Cell, scalar_t, M, true, true>(p, r);
     } else {
@@ -291,10 +317,11 @@ T* ptr(const at::Tensor& t) {
 
 template <typename Cell>
 void forward(const ForwardTensors& f) {
-  constexpr int G = Cell::kGates, A = Cell::kSaved;
+  constexpr int G = Cell::kGates, A = Cell::kSaved, S = Cell::kHasCell ? 2 : 1;
   const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   const int64_t* lens = ptr<int64_t>(f.lengths);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
+    const scalar_t* zone = ptr<scalar_t>(f.zoneout);
     const int64_t width = panel_width<scalar_t>(G * H);
     const at::Tensor w_t = panels<scalar_t>(f.weight_hh.t(), width);  // h W_hh^T's right operand, (H, G H)
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
@@ -319,6 +346,7 @@ void forward(const ForwardTensors& f) {
                                       out + off,
                                       Cell::kHasCell ? cs + c_off : nullptr,
                                       lens ? lens + b0 : nullptr,
+                                      zone ? zone + (t * B + b0) * S * H : nullptr,
                                       t,
                                       rows,
                                       H};
@@ -340,11 +368,13 @@ void forward(const ForwardTensors& f) {
 
 template <typename Cell>
 void backward(const BackwardTensors& g) {
-  constexpr int G = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
+  constexpr int G = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks, S = Cell::kHasCell ? 2 : 1;
   const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
   const int64_t* lens = ptr<int64_t>(g.lengths);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* zone = ptr<scalar_t>(g.zoneout);
+    const bool c_prev = Cell::kHasCell && (Cell::kNeedsCPrev || zone);  // the backward reads c_{t-1}
     const int64_t width = panel_width<scalar_t>(H);
     const at::Tensor w = panels<scalar_t>(g.weight_hh, width);  // dg_h W_hh's right operand, (G H, H)
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
@@ -374,10 +404,11 @@ void backward(const BackwardTensors& g) {
             Cell::kHasCell ? dc.data() : nullptr,
             g.activations.data_ptr<scalar_t>() + A * off,
             Cell::kHasCell ? cs + off : nullptr,
-            Cell::kNeedsCPrev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
+            c_prev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
             Cell::kNeedsHPrev ? h_prev : nullptr,
             g.grad_gates.data_ptr<scalar_t>() + GB * off,
             lens ? lens + b0 : nullptr,
+            zone ? zone + (t * B + b0) * S * H : nullptr,
             t,
             rows,
             H};

@@ -316,6 +316,7 @@ struct ForwardParams {
   const scalar_t* w_hh;
   const scalar_t* bias_hn;  // (H,) or null
   const int64_t* lengths;   // (B,) or null
+  const scalar_t* zoneout;  // (T, B, S H) zoneout factors (lltm.h), or null
   int T;
   int64_t B;
   int64_t act_step, cell_step;  // elements between steps of act, cells (0: one slot that every step overwrites)
@@ -334,6 +335,7 @@ struct BackwardParams {
   const scalar_t* grad_c_n;
   const scalar_t* w_hh;
   const int64_t* lengths;
+  const scalar_t* zoneout;  // as the forward's
   scalar_t* grad_h0;
   scalar_t* grad_c0;
   int T;
@@ -382,8 +384,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + n;
     hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * H + k])) : Op::to_smem(0.f);
   }
-  float c[NP], h[NP], x[NP][NG], bhn[NP];
+  float c[NP], h[NP], x[NP][NG], bhn[NP], zh[NP], zc[NP];  // zh, zc: the step's zoneout factors
   int len[NP];
+  constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U, n = pair / U;
@@ -393,6 +396,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     h[j] = valid ? float(p.h0[b * H + rank * U + u]) : 0.f;
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
+    zh[j] = zc[j] = 0.f;
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
@@ -406,7 +410,14 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     for (int j = 0; j < NP; ++j) {
       const int pair = tid + j * NT, u = pair % U;
       const int64_t b = b_base + pair / U;
-      if (t < len[j]) load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * H + rank * U + u, H, x[j]);
+      if (t < len[j]) {
+        load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * H + rank * U + u, H, x[j]);
+        if (p.zoneout) {
+          const scalar_t* z = p.zoneout + (static_cast<int64_t>(t) * B + b) * NS * H + rank * U + u;
+          zh[j] = float(z[0]);
+          zc[j] = Cell::kHasCell ? float(z[H]) : 0.f;
+        }
+      }
     }
   };
   load_x(0);
@@ -449,7 +460,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         }
         if (Cell::kSplit) gh[NG - 1] += bhn[j];
         const bool run = t < len[j];
-        const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s)
+        const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
+        const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s, z)
                               : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * H + rank * U + u, H, s);
         p.output[k] = scalar_t(out);
@@ -520,8 +532,10 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         gid, tig);
   }
   for (int idx = tid; idx < 2 * C * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
-  float dc[NP], carry[NP], sv[NP][A], cc[NP], cp[NP], hp[NP], go[NP];
+  float dc[NP], carry[NP], sv[NP][A], cc[NP], cp[NP], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
+  constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
+  const bool c_prev = Cell::kNeedsCPrev || (Cell::kHasCell && p.zoneout);  // zoneout recomputes the cell's c
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
     const int pair = tid + j * NT, u = pair % U;
@@ -531,6 +545,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     dc[j] = valid && p.grad_c_n ? float(p.grad_c_n[k]) : 0.f;
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
+    zh[j] = zc[j] = 0.f;
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
@@ -548,9 +563,14 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         const int64_t k = row * H + rank * U + u, k_prev = k - B * H, k0 = b * H + rank * U + u;
         load_blocks(p.act + row * A * H + rank * U + u, H, sv[j]);
         if (Cell::kHasCell) cc[j] = float(p.cells[k]);
-        if (Cell::kNeedsCPrev) cp[j] = float(t > 0 ? p.cells[k_prev] : p.c0[k0]);
+        if (c_prev) cp[j] = float(t > 0 ? p.cells[k_prev] : p.c0[k0]);
         if (Cell::kNeedsHPrev) hp[j] = float(t > 0 ? p.output[k_prev] : p.h0[k0]);
         go[j] = p.grad_output ? float(p.grad_output[k]) : 0.f;
+        if (p.zoneout) {
+          const scalar_t* z = p.zoneout + row * NS * H + rank * U + u;
+          zh[j] = float(z[0]);
+          zc[j] = Cell::kHasCell ? float(z[H]) : 0.f;
+        }
       }
     }
   };
@@ -569,7 +589,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         float dh = carry[j];
 #pragma unroll
         for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
-        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg)
+        const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
+        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg, z)
                               : backward_values<Cell, DeviceMath, false>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg);
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * H + rank * U + u, H, dg);
       }
@@ -752,7 +773,7 @@ void persistent_forward(const ForwardTensors& f) {
                                          ptr<scalar_t>(f.h_n),   ptr<scalar_t>(f.c_n),
                                          ptr<scalar_t>(f.h0),    ptr<scalar_t>(f.c0),
                                          ptr<scalar_t>(f.weight_hh), ptr<scalar_t>(f.bias_hn),
-                                         ptr<int64_t>(f.lengths), static_cast<int>(T), B,
+                                         ptr<int64_t>(f.lengths), ptr<scalar_t>(f.zoneout), static_cast<int>(T), B,
                                          step_stride(f.activations), step_stride(f.cells)};
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;
@@ -775,7 +796,8 @@ void persistent_backward(const BackwardTensors& g) {
                                           ptr<scalar_t>(g.h0),          ptr<scalar_t>(g.c0),
                                           ptr<scalar_t>(g.grad_output), ptr<scalar_t>(g.grad_h_n),
                                           ptr<scalar_t>(g.grad_c_n),    ptr<scalar_t>(g.weight_hh),
-                                          ptr<int64_t>(g.lengths),      ptr<scalar_t>(g.grad_h0),
+                                          ptr<int64_t>(g.lengths),      ptr<scalar_t>(g.zoneout),
+                                          ptr<scalar_t>(g.grad_h0),
                                           ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B};
     const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
       constexpr int kH = decltype(h)::value;

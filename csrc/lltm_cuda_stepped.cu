@@ -54,6 +54,7 @@ struct StepArgs {
   const scalar_t* h0;           // (B, H), backward (h_{t-1} at t = 0)
   const scalar_t* c0;           // (B, H), backward (c_{t-1} at t = 0)
   const int64_t* lengths;       // (B,) or null
+  const scalar_t* zoneout;      // (T, B, S H) zoneout factors (lltm.h), or null
   int64_t t;                    // the step of a chunk's first node; each chunk advances it
   int64_t act_step, cell_step;  // forward: elements between steps of activations, cells (0: one slot, lltm.h)
 };
@@ -73,6 +74,15 @@ int blocks_for(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, sms * 8)));
 }
 
+// The zoneout factors of (row, unit j), from (T B, S H) factors (h's block, then c's); off without them.
+template <typename Cell, typename acc_t, typename scalar_t>
+__device__ __forceinline__ Zoneout<acc_t> zoneout_at(const scalar_t* z, int64_t row, int64_t j, int64_t H) {
+  if (!z) return {};
+  constexpr int S = Cell::kHasCell ? 2 : 1;
+  const scalar_t* r = z + row * S * H + j;
+  return {true, acc_t(r[0]), Cell::kHasCell ? acc_t(r[H]) : acc_t(0)};
+}
+
 // Step args->t + i: hw (B, G H) = h_{t-1} W_hh^T from the GEMM; h, c: the running state.
 template <typename Cell, typename scalar_t, typename acc_t>
 __global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args, const acc_t* __restrict__ hw,
@@ -90,7 +100,8 @@ __global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args,
     forward_step<Cell, DeviceMath>(running(args->lengths, b, t), args->gates + row * G * H + j, gh, cv, hv,
                                    args->activations + t * args->act_step + b * Cell::kSaved * H + j,
                                    args->output + row * H + j,
-                                   Cell::kHasCell ? args->cells + t * args->cell_step + k : nullptr, H);
+                                   Cell::kHasCell ? args->cells + t * args->cell_step + k : nullptr, H,
+                                   zoneout_at<Cell, acc_t>(args->zoneout, row, j, H));
     h[k] = scalar_t(hv);
     if (Cell::kHasCell) c[k] = cv;
   }
@@ -111,12 +122,13 @@ __global__ void backward_step_kernel(const StepArgs<scalar_t>* __restrict__ args
     const int64_t prev = (t - 1) * B * H + k;  // (t - 1, b, j)
     acc_t c = 0, c_prev = 0, h_prev = 0, dcv = Cell::kHasCell ? dc[k] : acc_t(0), grads[GB];
     if (Cell::kHasCell) c = acc_t(args->cells[row * H + j]);
-    if (Cell::kNeedsCPrev) c_prev = acc_t(t > 0 ? args->cells[prev] : args->c0[k]);
+    if (Cell::kNeedsCPrev || (Cell::kHasCell && args->zoneout)) c_prev = acc_t(t > 0 ? args->cells[prev] : args->c0[k]);
     if (Cell::kNeedsHPrev) h_prev = acc_t(t > 0 ? args->output[prev] : args->h0[k]);
     const acc_t d_out = args->grad_output ? acc_t(args->grad_output[row * H + j]) : acc_t(0);
     dh[k] = backward_step<Cell, DeviceMath>(running(args->lengths, b, t), dh[k], d_out, dcv,
                                             args->activations + row * Cell::kSaved * H + j, c, c_prev, h_prev, grads,
-                                            args->grad_gates + row * GB * H + j, H);
+                                            args->grad_gates + row * GB * H + j, H,
+                                            zoneout_at<Cell, acc_t>(args->zoneout, row, j, H));
     if (Cell::kHasCell) dc[k] = dcv;
     scalar_t* d = dg + b * G * H + j;
 #pragma unroll
@@ -333,6 +345,7 @@ void stepped_forward(const ForwardTensors& f) {
                                   nullptr,
                                   nullptr,
                                   f.lengths.defined() ? f.lengths.data_ptr<int64_t>() : nullptr,
+                                  f.zoneout.defined() ? f.zoneout.data_ptr<scalar_t>() : nullptr,
                                   0,
                                   step_stride(f.activations),
                                   step_stride(f.cells)};
@@ -393,8 +406,9 @@ void stepped_backward(const BackwardTensors& g) {
                                   g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() : nullptr,
                                   nullptr,
                                   g.h0.data_ptr<scalar_t>(),
-                                  Cell::kNeedsCPrev ? g.c0.data_ptr<scalar_t>() : nullptr,
+                                  Cell::kHasCell ? g.c0.data_ptr<scalar_t>() : nullptr,
                                   g.lengths.defined() ? g.lengths.data_ptr<int64_t>() : nullptr,
+                                  g.zoneout.defined() ? g.zoneout.data_ptr<scalar_t>() : nullptr,
                                   T - 1};
     const Key key{g.activations.get_device(), stream, cell_id<Cell>(),
                   static_cast<int>(g.activations.scalar_type()), B, H, true, tf32};

@@ -169,20 +169,41 @@ def _needs_backward(tensors: tuple) -> bool:
     return any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
 
-def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend):
+def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: Tensor, backend: str) -> None:
+    if backend == "torch":
+        raise ValueError(f"{op}: zoneout runs in the fused backends (python, cpp, cuda); PyTorch's own "
+                         f"{spec.title} (backend='torch') has none")
+    if not isinstance(zoneout, Tensor):
+        raise TypeError(f"{op}: zoneout must be a torch.Tensor or None, got {type(zoneout).__name__}")
+    S = len(spec.states)
+    want = (*input.shape[:2], S * weight_hh.shape[-1])
+    if tuple(zoneout.shape) != want:
+        raise ValueError(f"{op}: expected zoneout of shape (T, B, {S} * hidden_size) = {want}, got {tuple(zoneout.shape)}")
+    if zoneout.dtype != input.dtype or zoneout.device != input.device:
+        raise TypeError(f"{op}: zoneout must have input's dtype and device ({input.dtype} on {input.device}), got "
+                        f"{zoneout.dtype} on {zoneout.device}")
+
+
+def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend,
+           zoneout=None):
     tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
     input, states, (weight_ih, weight_hh), biases = tensors[0], tensors[1:1 + len(states)], \
         tensors[1 + len(states):3 + len(states)], tensors[3 + len(states):]
+    if zoneout is not None and isinstance(zoneout, Tensor) and zoneout.is_floating_point():
+        zoneout = zoneout.to(input.dtype)  # (autocast's dtype, as the other tensors)
     if lengths is not None:
         _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
     chosen = resolve_backend(backend, input.device.type, spec.name)
+    zoned = () if zoneout is None else (zoneout,)  # (absent from the call when None: exported programs unchanged)
     if _uses_compiled(op, chosen, tensors):
         # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
-            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors))
+            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors), *zoned)
         except (RuntimeError, TypeError) as exc:
             _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
+            if zoneout is not None:
+                _check_zoneout(op, spec, zoneout, input, weight_hh, chosen)
             if "autograd::Function with functorch transforms" in str(exc):  # PyTorch's words name neither us nor a fix
                 raise NotImplementedError(f"{op}: torch.func's grad, vjp and jacrev cannot enter the {chosen} backend's "
                                           "backward (a C++ autograd function); use backend='python' "
@@ -190,6 +211,8 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
             raise
         return result[0], tuple(result[1:1 + len(states)])
     _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
+    if zoneout is not None:
+        _check_zoneout(op, spec, zoneout, input, weight_hh, chosen)
     if chosen == "python" and layout.startswith("(T,") and torch.jit.is_tracing():  # its loop, unrolled
         raise RuntimeError(f"{op}: torch.jit.trace of the python backend records its loop over time step by step, so "
                            f"the trace would run sequences of {input.shape[0]} steps only; trace with backend='cpp' or "
@@ -197,20 +220,26 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
     if chosen == "torch" and weight_hh.shape[-1] > 0:  # torch's kernels refuse hidden_size 0: the reference gives
         return _torch_layer(spec, input, states, weight_ih, weight_hh, biases, lengths)  # the empty result
     return reference.layer_forward(spec.step, spec.split, input, states, weight_ih, weight_hh, *biases,
-                                   lengths=lengths)
+                                   lengths=lengths, zoneout=None if zoneout is None else zoneout.detach())
 
 
 def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
               weight_hh: Tensor, *biases: Tensor | None, lengths: Tensor | None = None,
-              backend: str = "auto") -> tuple[Tensor, tuple[Tensor, ...]]:
+              backend: str = "auto", zoneout: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
     """One layer of any cell (its name, e.g. ``"rnn_relu"``, or its spec) over a sequence, its state as a
     tuple: ``hx`` and the result's state are ``(h, c)`` or ``(h,)``, and ``biases`` the cell's
     (``CellSpec.biases``). :func:`lltm_layer`, :func:`lstm_layer` and :func:`gru_layer` are this with their
-    cell's conventions, and document it; ValueError for an unknown cell."""
+    cell's conventions, and document it; ValueError for an unknown cell.
+
+    ``zoneout``: None, or the zoneout factors (T, B, S * hidden_size) of the S states (h, then c), input's
+    dtype and device, each in [0, 1] (1 keeps the unit's previous value): after every step each state is
+    ``torch.lerp(new, previous, factor)`` (:mod:`lltm_train.ops.reference`; Krueger et al. 2017). The factors
+    get no gradient. Not with ``backend="torch"`` (ValueError)."""
     cell = cell_spec(cell)
     name = f"{cell.name}_layer"
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1)
-    return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend)
+    return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend,
+                  zoneout)
 
 
 def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,

@@ -37,10 +37,11 @@ def params(T, B, I, H, dtype, scale=1.0, cell=LLTM, device="cuda"):
     return [t.to(dtype) for t in (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *(b * 0.2 for b in p["biases"]))]
 
 
-def forward_backward(p, backend, upstream, lengths=None, cell=LLTM):
+def forward_backward(p, backend, upstream, lengths=None, cell=LLTM, zoneout=None):
     p = [t.detach().clone().requires_grad_() for t in p]
     n = len(cell.states)
-    out, state = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend=backend)
+    out, state = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend=backend,
+                           zoneout=zoneout)
     loss = sum((r * u).sum() for r, u in zip((out, *state), upstream))
     return [out, *state, *torch.autograd.grad(loss, p)]
 
@@ -226,7 +227,7 @@ def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
         assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24):
+def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24, zoneout=None):
     """The error against float64 of float64 itself when every input is perturbed by one rounding of unit
     roundoff ``unit`` (float32's 2^-24 by default, float16's 2^-11; random sign): what any computation in that
     dtype of this draw must expect, however it sums."""
@@ -234,9 +235,10 @@ def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24):
         return t * (1 + (torch.rand_like(t, dtype=torch.float64) * 2 - 1) * unit)
 
     p, upstream = [t.double() for t in p], [u.double() for u in upstream]
-    exact = forward_backward(p, "python", upstream, lengths, cell=cell)
+    zoneout = None if zoneout is None else zoneout.double()
+    exact = forward_backward(p, "python", upstream, lengths, cell=cell, zoneout=zoneout)
     return relative_errors(forward_backward([nudge(t) for t in p], "python", [nudge(u) for u in upstream], lengths,
-                                            cell=cell), exact)
+                                            cell=cell, zoneout=zoneout), exact)
 
 
 @pytest.mark.parametrize("B, H", [(4, 64), (4, 128), (4, 256), (1, 128)])
@@ -323,11 +325,11 @@ def test_a_gpu_that_refuses_clusters_of_16_takes_the_stepped_path():
     assert all(float(l.split("ERR")[1]) < 5e-2 for l in lines.values()), result.stdout
 
 
-def kernel_names(p, lengths=None, cell=LLTM):
+def kernel_names(p, lengths=None, cell=LLTM, zoneout=None):
     """Names of the CUDA kernels that one forward and backward of the layer runs."""
     n = len(cell.states)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out, _ = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend="cuda")
+        out, _ = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend="cuda", zoneout=zoneout)
         out.float().sum().backward()
         torch.cuda.synchronize()
     return {e.name for e in prof.events()}
@@ -381,6 +383,37 @@ def test_16bit_variable_lengths_as_accurate_as_python(cell, H, dtype):
             f"{name}: cuda {a:.2e}, python {b:.2e}, the draw's conditioning {k:.2e}"
     assert torch.all(ours[0][17:, 3] == 0) and torch.all(ours[0][:, 2] == 0)
     assert all(torch.equal(a, b) for a, b in zip(ours, forward_backward(p, "cuda", upstream, lengths, cell=cell)))
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("H, dtype", [(128, torch.bfloat16), (256, torch.float16), (512, torch.bfloat16),
+                                      (64, torch.float32)], ids=["128-bf16", "256-fp16", "512-bf16", "64-tf32"])
+def test_persistent_kernels_under_zoneout_as_accurate_as_python(cell, H, dtype, tf32_on):
+    """Zoneout factors (Bernoulli(0.3) draws, and evaluation's constant 0.3) on the persistent kernels, with rows
+    that end early: outputs and gradients against float64 as the 16-bit lengths test bounds them, the kernels
+    persistent, and the same results twice (bitwise)."""
+    cell = CELLS[cell]
+    T, B = 40, 11
+    S = len(cell.states)
+    p = params(T, B, 24, H, dtype, scale=0.5, cell=cell)
+    lengths = torch.tensor([40, 1, 0, 17, 40, 39, 2, 25, 40, 3, 8])
+    upstream = upstream_for(cell, T, B, H, dtype, scale=0.1)
+    unit = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-11}[dtype]  # TF32 keeps float16's 10 bits
+    floor = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-3}[dtype]
+    draws = torch.bernoulli(torch.full((T, B, S * H), 0.3, device="cuda", dtype=torch.float64))
+    for z in (draws.to(dtype), torch.full((T, B, S * H), 0.3, device="cuda", dtype=dtype)):
+        exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], lengths, cell=cell,
+                                 zoneout=z.double())
+        ours = forward_backward(p, "cuda", upstream, lengths, cell=cell, zoneout=z)
+        python = relative_errors(forward_backward(p, "python", upstream, lengths, cell=cell, zoneout=z), exact)
+        floors = conditioning(p, upstream, cell, lengths, unit, zoneout=z)
+        for name, a, b, k in zip(NAMES[cell.name], relative_errors(ours, exact), python, floors):
+            assert a <= max(1.5 * b, 4 * k, floor), f"{name}: cuda {a:.2e}, python {b:.2e}, the draw's conditioning {k:.2e}"
+        assert torch.all(ours[0][17:, 3] == 0) and torch.all(ours[0][:, 2] == 0)
+        again = forward_backward(p, "cuda", upstream, lengths, cell=cell, zoneout=z)
+        assert all(torch.equal(a, b) for a, b in zip(ours, again))
+    names = kernel_names([t.requires_grad_() for t in p], lengths, cell=cell, zoneout=draws.to(dtype))
+    assert [any(f"{kind}_kernel<" in n for n in names) for kind in ("forward", "backward")] == [True, True], sorted(names)
 
 
 def test_cells_of_one_shape_never_share_a_captured_graph():

@@ -264,3 +264,42 @@ def test_forget_bias_is_refused_for_a_cell_without_a_forget_gate(cell):
         recurrent_layer(cell, 3, 5, forget_bias=1.0)
     with pytest.raises(ValueError, match="forget_bias must be a finite number or null, got inf"):
         recurrent_layer("lstm", 3, 5, forget_bias=float("inf"))
+
+
+WEIGHT_DROP_CELLS = [(c, b) for c, b in CELL_BACKENDS if c in ("lltm", "lstm", "gru")]
+
+
+@pytest.mark.parametrize("cell, backend", WEIGHT_DROP_CELLS, ids=[f"{c}-{b}" for c, b in WEIGHT_DROP_CELLS])
+def test_weight_drop_masks_the_recurrent_weights_in_training_only(cell, backend):
+    torch.manual_seed(0)
+    layer = recurrent_layer(cell, 3, 5, 2, 0.0, True, backend, weight_drop=0.4).double()
+    x = torch.randn(6, 4, 3, dtype=torch.float64)
+    plain = recurrent_layer(cell, 3, 5, 2, 0.0, True, "python").double()
+    plain.load_state_dict(layer.state_dict())
+    layer.eval()
+    torch.testing.assert_close(layer(x)[0], plain(x)[0], rtol=1e-10, atol=1e-10)  # evaluation: the weights as they are
+    # training: each weight_hh (layer by layer, forward direction first) times its own mask / (1 - p), drawn
+    # from the default generator in that order
+    layer.train()
+    torch.manual_seed(7)
+    out, _ = layer(x)
+    torch.manual_seed(7)
+    names = [n for n, _ in plain.named_parameters() if n.startswith("weight_hh")]
+    G = SPECS[cell].num_gates
+    masks = {n: torch.nn.functional.dropout(torch.ones(G * 5, 5, dtype=torch.float64), 0.4) for n in names}
+    assert all(set(m.unique().tolist()) == {0.0, 1 / 0.6} for m in masks.values())
+    masked = {n: p * masks[n] if n in masks else p for n, p in plain.named_parameters()}
+    expected, _ = torch.func.functional_call(plain, masked, (x,))
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    out.sum().backward()  # the mask reaches the gradient: dropped weights get none
+    for n in names:
+        grad = getattr(layer, n).grad
+        assert torch.all(grad[masks[n] == 0] == 0) and grad[masks[n] != 0].abs().sum() > 0, n
+
+
+@pytest.mark.parametrize("weight_drop, message", [(1.0, "weight_drop must be below 1"), (-0.1, r"weight_drop must be a number in \[0, 1\]"),
+                                                  (float("nan"), "weight_drop must be a number")])
+@pytest.mark.parametrize("backend", ["python", "torch"])
+def test_weight_drop_out_of_range_is_refused(weight_drop, message, backend):
+    with pytest.raises(ValueError, match=message):
+        recurrent_layer("lstm", 3, 5, backend=backend, weight_drop=weight_drop)

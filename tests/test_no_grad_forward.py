@@ -74,7 +74,7 @@ def test_backward_of_a_forward_that_saved_nothing_says_so(device_backend, cell):
     result = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p, None), False)
     n = len(cell.states)
     out, finals, saved = result[0], result[1:1 + n], result[1 + n:]
-    c0 = p["states"][1:] if cell.needs_c_prev else ()
+    c0 = p["states"][1:]  # the cells with a c state: c0
     args = (torch.randn_like(out), *(torch.randn_like(s) for s in finals), p["input"], p["states"][0], *c0,
             p["weight_ih"], p["weight_hh"], out, *saved, None)
     with pytest.raises(RuntimeError, match=rf"lltm.{cell.backward_op}: the saved tensors are empty: they come from "

@@ -113,7 +113,7 @@ def test_opcheck_both_ops(device_backend, cell, bias):
     result = forward_op(*forward_args(cell, d))
     n = len(cell.states)
     out, finals, saved = result[0], result[1:1 + n], result[1 + n:]  # saved: (cells,) activations
-    c0 = d["states"][1:] if cell.needs_c_prev else ()
+    c0 = d["states"][1:]  # the cells with a c state: c0
     common = (d["input"], d["states"][0], *c0, d["weight_ih"], d["weight_hh"], out, *saved)
     torch.library.opcheck(backward_op, (torch.randn_like(out), *(torch.randn_like(s) for s in finals), *common, None))
     torch.library.opcheck(backward_op, (None, torch.randn_like(finals[0]), *(None,) * (n - 1), *common,
@@ -306,7 +306,7 @@ def test_the_cpu_ops_run_under_inference_mode(cell):
     p = layer_args(cell, 4, 6, 3, 5, requires_grad=False)
     want = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p))
     n = len(cell.states)
-    c0 = p["states"][1:] if cell.needs_c_prev else ()
+    c0 = p["states"][1:]  # the cells with a c state: c0
     upstream = upstream_like(cell, 4, 6, 5)
     args = (*upstream, p["input"], p["states"][0], *c0, p["weight_ih"], p["weight_hh"], want[0], *want[1 + n:], None)
     want_grads = getattr(torch.ops.lltm, cell.backward_op)(*args)

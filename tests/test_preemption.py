@@ -154,14 +154,21 @@ STREAMS = ["dataset=text", "dataset.seq_len=16", "dataset.batch_size=4", "datase
            *EXACT[EXACT.index("trainer.log_every_n_steps=1"):]]
 
 
+# The recurrent regularisers' masks (zoneout's factors, weight drop's DropConnect) come from the default generator.
+REGULARISED = ["model.cell=lstm", "model.zoneout=[0.5,0.05]", "model.weight_drop=0.3"]
+
+
 @pytest.mark.parametrize("settings, killed_at, resumed_from",
                          [(EXACT, 23, 20), pytest.param(EXACT, 43, 40, marks=pytest.mark.slow),
                           pytest.param(STREAMS, 23, 20, marks=pytest.mark.slow), pytest.param([*EXACT, "model.cell=gru"], 23, 20, marks=pytest.mark.slow),
                           pytest.param([*EXACT, "model.cell=lstm"], 23, 20, marks=pytest.mark.slow),
                           pytest.param(on(GPU.values[0], EXACT), 23, 20, marks=GPU.marks),
-                          pytest.param(on(GPU.values[0], EXACT), 21, 20, marks=GPU.marks)],
+                          pytest.param(on(GPU.values[0], EXACT), 21, 20, marks=GPU.marks),
+                          pytest.param([*EXACT, *REGULARISED], 23, 20, marks=pytest.mark.slow),
+                          pytest.param(on(GPU.values[0], [*EXACT, *REGULARISED]), 23, 20, marks=GPU.marks)],
                          ids=["mid-epoch", "at an epoch's end", "carried state, mid-epoch", "gru, mid-epoch",
-                              "lstm, mid-epoch", "gpu-graph, mid-epoch", "gpu-graph, killed in the warm-up"])
+                              "lstm, mid-epoch", "gpu-graph, mid-epoch", "gpu-graph, killed in the warm-up",
+                              "lstm with zoneout and weight drop", "gpu-graph, lstm with zoneout and weight drop"])
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, settings, killed_at, resumed_from):
     """Resumed with ckpt_path=last, a run killed with SIGKILL trains on the batches and draws the dropout masks
     the uninterrupted run did (and carries the state it carried): the same loss at every step and the same

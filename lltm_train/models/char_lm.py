@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
@@ -25,7 +26,8 @@ class CharLM(nn.Module):
         num_layers, dropout: as torch.nn.LSTM; dropout also applies before the head.
         num_classes: output classes per step (defaults to vocab_size, as in language modelling).
         cell: ``lltm``, ``lstm`` or ``gru``; backend: ``auto``, ``python``, ``cpp``, ``cuda`` or ``torch``
-            (:mod:`lltm_train.models.recurrent`).
+            (:mod:`lltm_train.models.recurrent`); forget_bias, weight_drop, zoneout: as
+            :func:`~lltm_train.models.recurrent_layer`.
         bidirectional: must be False: a next-token model cannot read the future.
 
     forward(tokens (T, B) int64, state=None) -> (logits (T, B, num_classes), state). The embedding is
@@ -37,7 +39,8 @@ class CharLM(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, embedding_dim: int, num_layers: int = 1, dropout: float = 0.0,
                  num_classes: int | None = None, cell: str = "lltm", backend: str = "auto",
-                 bidirectional: bool = False, forget_bias: float | None = None) -> None:
+                 bidirectional: bool = False, forget_bias: float | None = None, weight_drop: float = 0.0,
+                 zoneout: float | Sequence[float] = 0.0) -> None:
         super().__init__()
         v.positive_int("CharLM", "vocab_size", vocab_size)
         v.positive_int("CharLM", "embedding_dim", embedding_dim)
@@ -46,7 +49,7 @@ class CharLM(nn.Module):
                              "future); use it with a sequence-level data set")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend,
-                                   forget_bias=forget_bias)
+                                   forget_bias=forget_bias, weight_drop=weight_drop, zoneout=zoneout)
         self.dropout = nn.Dropout(v.probability("CharLM", "dropout", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 

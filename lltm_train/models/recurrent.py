@@ -10,8 +10,11 @@ width with everything else equal.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import checks as v
@@ -23,7 +26,8 @@ CELLS = tuple(_SPECS)  # the cells' names (model.cell): lltm, lstm, gru, rnn, rn
 
 
 def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
-                    bidirectional: bool = False, backend: str = "auto", forget_bias: float | None = None) -> nn.Module:
+                    bidirectional: bool = False, backend: str = "auto", forget_bias: float | None = None,
+                    weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0) -> nn.Module:
     """A time-major recurrent layer: ``layer(x (T, B, F) or PackedSequence, state=None) -> (output, state)``.
 
     ``forget_bias``: the forget gate's initial bias in every layer and direction (``bias_ih``'s forget rows;
@@ -31,9 +35,14 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     keeps the uniform initialisation of ``torch.nn``. A bias of 1 keeps the cell state through the first
     steps of training (Gers, Schmidhuber & Cummins 2000; Jozefowicz, Zaremba & Sutskever 2015).
 
+    ``weight_drop``: DropConnect on every ``weight_hh`` in training mode, one mask per forward call, in [0, 1)
+    (:class:`lltm_train.nn.LSTM`'s argument; with ``backend="torch"`` the same on ``torch.nn``'s layer).
+    ``zoneout``: one probability for both states or a pair ``[cell, hidden]`` (Krueger et al. 2017), inside the
+    fused kernels (:class:`lltm_train.nn.LSTM`'s argument); ``backend="torch"`` has none.
+
     Raises:
         ValueError: an unknown cell or backend, ``backend="torch"`` for a cell PyTorch lacks (the LLTM), a
-            bad size or dropout, or a forget_bias that is not a finite number or is given for a cell without
+            bad size, dropout, weight_drop or zoneout (or zoneout with ``backend="torch"``), or a forget_bias that is not a finite number or is given for a cell without
             a forget gate.
     """
     v.one_of("model", "cell", cell, CELLS)
@@ -49,14 +58,60 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     if backend == "torch":
         v.positive_int("model", "hidden_size", hidden_size)
         v.positive_int("model", "num_layers", num_layers)
-        layer = _SPECS[cell].torch_layer(input_size, hidden_size, num_layers=num_layers, dropout=dropout,
-                                         bidirectional=bidirectional)
+        spec = _SPECS[cell]
+        weight_drop = v.probability("model", "weight_drop", weight_drop)
+        if weight_drop == 1:
+            raise ValueError("model: weight_drop must be below 1 (1 would drop every recurrent weight)")
+        if zoneout not in (0, 0.0, None) and not (isinstance(zoneout, Sequence) and not any(zoneout)):
+            raise ValueError(f"model: zoneout={zoneout!r} runs inside the fused kernels; backend=torch (torch.nn's "
+                             f"{spec.title}) has none: choose backend=auto, cpp or cuda, or zoneout=0")
+        make = _WEIGHT_DROPPED[spec.torch_module] if weight_drop > 0 else getattr(nn, spec.torch_module)
+        layer = make(input_size, hidden_size, num_layers=num_layers, dropout=dropout, bidirectional=bidirectional,
+                     **dict(spec.torch_kwargs))
+        layer.weight_drop = weight_drop
     else:
         layer = recurrent_layers(cell, input_size, hidden_size, num_layers=num_layers, dropout=dropout,
-                                 bidirectional=bidirectional, backend=backend)
+                                 bidirectional=bidirectional, backend=backend, weight_drop=weight_drop,
+                                 zoneout=zoneout)
     if forget_bias is not None:
         set_forget_bias(layer, cell, hidden_size, float(forget_bias))
     return layer
+
+
+class _WeightDrop:
+    """A ``torch.nn`` recurrent layer with a ``weight_drop`` attribute: DropConnect on its ``weight_hh`` tensors in
+    training mode, one mask per forward call, as :class:`lltm_train.nn.LSTM`'s. Same parameters and state dict
+    as the ``torch.nn`` layer."""
+
+    weight_drop = 0.0
+
+    def forward(self, input, hx=None):
+        if not (self.weight_drop > 0 and self.training):
+            return super().forward(input, hx)
+        flat = self._flat_weights
+        self._flat_weights = [F.dropout(w, self.weight_drop, training=True) if name.startswith("weight_hh") else w
+                              for name, w in zip(self._flat_weights_names, flat)]
+        try:
+            with warnings.catch_warnings():  # cuDNN copies the new weights into one buffer, and says so each call
+                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
+                return super().forward(input, hx)
+        finally:
+            self._flat_weights = flat
+
+
+class WeightDropLSTM(_WeightDrop, nn.LSTM):
+    pass
+
+
+class WeightDropGRU(_WeightDrop, nn.GRU):
+    pass
+
+
+class WeightDropRNN(_WeightDrop, nn.RNN):
+    pass
+
+
+_WEIGHT_DROPPED = {"LSTM": WeightDropLSTM, "GRU": WeightDropGRU, "RNN": WeightDropRNN}
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ implementation (:class:`RecurrentLayers`, which takes any cell), and :func:`recu
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,8 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  backend: str = "auto", device=None, dtype=None, proj_size: int = 0, *,
-                 cell: str | CellSpec | None = None) -> None:
+                 cell: str | CellSpec | None = None, weight_drop: float = 0.0,
+                 zoneout: float | Sequence[float] = 0.0) -> None:
         super().__init__()
         owner = type(self).__name__
         self._take_cell(cell)
@@ -47,6 +49,10 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
             v.flag(owner, name, value)
         dropout = v.probability(owner, "dropout", dropout)
+        self.weight_drop = v.probability(owner, "weight_drop", weight_drop)
+        if self.weight_drop == 1:
+            raise ValueError(f"{owner}: weight_drop must be below 1 (1 would drop every recurrent weight)")
+        self.zoneout = _zoneout_pair(owner, zoneout)
         if dropout > 0 and num_layers == 1:
             warnings.warn(f"{owner}: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
@@ -101,7 +107,8 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}{self._cell_repr()}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
+                              ("weight_drop", 0.0), ("zoneout", (0.0, 0.0))):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
         return s + f", backend={self.backend!r}"
@@ -137,8 +144,11 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
             for d, suffix in enumerate(self._suffixes(layer)):
                 k = layer * self.num_directions + d
                 x_d = x if d == 0 else _reversed(x, reverse)
-                out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *self._weights(suffix),
-                                       lengths=lengths, backend=self.backend)
+                weights = self._weights(suffix)
+                if self.weight_drop > 0 and self.training:  # DropConnect: one mask of W_hh for the whole sequence
+                    weights[1] = F.dropout(weights[1], self.weight_drop, training=True)
+                out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights,
+                                       lengths=lengths, backend=self.backend, zoneout=self._zoneout_factors(x_d))
                 directions.append(out if d == 0 else _reversed(out, reverse))
                 for final, s in zip(finals, state):
                     final.append(s)
@@ -155,6 +165,19 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         if unbatched:
             return x.squeeze(1), _as_hx(self.cell, tuple(s.squeeze(1) for s in state_n))
         return (x.transpose(0, 1) if self.batch_first else x), _as_hx(self.cell, state_n)
+
+    def _zoneout_factors(self, x: Tensor) -> Tensor | None:
+        """A layer's zoneout factors (T, B, S * H) for input x (T, B, .): Bernoulli draws in training mode (one per
+        step, row, unit and state, from the default generator), their expectation in evaluation; None without
+        zoneout."""
+        c, h = self.zoneout
+        probabilities = (h, c)[: len(self.cell.states)]  # the states' order: h, then c
+        if not any(probabilities):
+            return None
+        # (fills, not a copy from the host: this runs inside captured CUDA graphs too)
+        p = torch.cat([x.new_full((self.hidden_size,), q) for q in probabilities])
+        p = p.expand(x.shape[0], x.shape[1], -1)
+        return torch.bernoulli(p) if self.training else p
 
     def _check_features(self, x: Tensor, layout: str, max_dim: int) -> None:
         if not isinstance(x, Tensor) or x.dim() not in (max_dim - 1, max_dim) or x.shape[-1] != self.input_size:
@@ -189,6 +212,15 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
                 raise ValueError(f"{owner}: expected {name} of shape {want} (num_layers * num_directions, batch, "
                                  f"hidden_size), got {got}")
         return state
+
+
+def _zoneout_pair(owner: str, zoneout) -> tuple[float, float]:
+    """(cell, hidden) zoneout probabilities from one number for both or a pair [cell, hidden]."""
+    pair = tuple(zoneout) if isinstance(zoneout, Sequence) and not isinstance(zoneout, str) else (zoneout, zoneout)
+    if len(pair) != 2:
+        raise ValueError(f"{owner}: zoneout must be a probability or a pair [cell, hidden], got {zoneout!r}")
+    c, h = (v.probability(owner, f"zoneout's {name} probability", p) for name, p in zip(("cell", "hidden"), pair))
+    return c, h
 
 
 def _as_hx(cell: CellSpec, state: tuple[Tensor, ...]):
@@ -244,6 +276,17 @@ class LLTM(RecurrentLayers):
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional: as ``torch.nn.LSTM``
             (dropout applies to the outputs of every layer but the last, in training mode).
         backend: ``auto``, ``python``, ``cpp`` or ``cuda`` (:mod:`lltm_train.backends`); settable later.
+        weight_drop: DropConnect on the recurrent weights (Wan et al. 2013; the weight drop of AWD-LSTM,
+            Merity, Keskar & Socher 2018), in [0, 1): in training mode each forward call multiplies every
+            ``weight_hh`` by one Bernoulli mask (kept with probability 1 - weight_drop, scaled by its inverse,
+            as ``torch.nn.functional.dropout``) for the whole sequence and batch; evaluation uses the weights
+            as they are. The masks come from PyTorch's default generator (saved in checkpoints).
+        zoneout: zoneout of the states (Krueger et al. 2017, "Zoneout: Regularizing RNNs by Randomly Preserving
+            Hidden Activations"), one probability for h and c or a pair ``(cell, hidden)`` (a cell without c uses
+            the hidden one): in training each unit of each state keeps its previous value at each step with that
+            probability (Bernoulli draws from the default generator); evaluation blends by the expectation,
+            ``(1 - p) * new + p * previous``. Inside the fused kernels (:func:`lltm_train.functional.rnn_layer`'s
+            ``zoneout``); not with ``backend="torch"``.
 
     Parameters, for layer k and each direction (``_reverse`` suffix for the backward one):
     ``weight_ih_l{k}`` (3H, input_size or D * H), ``weight_hh_l{k}`` (3H, H), ``bias_l{k}`` (3H), gate order
@@ -263,6 +306,7 @@ class LSTM(RecurrentLayers):
         backend: ``auto`` (the fused kernels of the device), ``python``, ``cpp``, ``cuda`` or ``torch``
             (PyTorch's own LSTM, cuDNN or oneDNN; :mod:`lltm_train.backends`); settable later.
         proj_size: only 0, ``torch.nn.LSTM``'s default (no projection); another value raises ValueError.
+        weight_drop, zoneout: as :class:`LLTM`'s (keyword only).
 
     ``flatten_parameters()``, ``all_weights`` and ``_flat_weights_names`` behave as ``torch.nn.LSTM``'s
     (``flatten_parameters`` has nothing to do here).
@@ -300,6 +344,7 @@ class RNN(RecurrentLayers):
         nonlinearity: ``"tanh"`` (the ``rnn`` cell, ``model.cell=rnn``) or ``"relu"`` (``rnn_relu``).
         backend: as :class:`LSTM` (``torch`` is ``torch.nn.RNN``).
         proj_size: only 0 (torch.nn's default; torch.nn.RNN refuses others too).
+        weight_drop, zoneout: as :class:`LLTM`'s (keyword only).
 
     Parameters: ``torch.nn.RNN``'s names and shapes (``weight_ih_l{k}`` (H, input_size or D * H),
     ``weight_hh_l{k}`` (H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (H)), so ``load_state_dict`` works both
@@ -310,10 +355,11 @@ class RNN(RecurrentLayers):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0) -> None:
+                 backend: str = "auto", device=None, dtype=None, proj_size: int = 0, *,
+                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0) -> None:
         self.cell = rnn_cell_spec(type(self).__name__, nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend,
-                         device, dtype, proj_size)
+                         device, dtype, proj_size, weight_drop=weight_drop, zoneout=zoneout)
         self.nonlinearity = nonlinearity
 
     @property

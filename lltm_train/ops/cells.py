@@ -32,7 +32,8 @@ class CellSpec:
         saved: activation blocks of H that the forward op saves for its backward.
         split: whether the last gate's h-side pre-activation stays apart from its x-side one (the GRU's
             candidate); its gradient then has G + 1 blocks.
-        needs_c_prev: whether the backward reads c at t - 1 (the LSTM's forget gate), so its op takes c_0.
+        needs_c_prev: whether the backward reads c at t - 1 (the LSTM's forget gate); under zoneout every cell
+            with a c state reads it (the backward ops of those cells take c_0).
         step: the reference step (:mod:`.reference`): ``step(g, state)``, or ``step(gx, gh, state)`` when split.
         lr_at_256: AdamW's default peak learning rate at 256 units and below (``model.optimizer.lr``; wider
             layers scale it by 256 / hidden_size: :func:`default_lr`).

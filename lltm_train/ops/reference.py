@@ -30,6 +30,12 @@ One step of each cell, from its pre-activations (G blocks of H each) and its sta
 
 :func:`layer_forward` runs a step function over a sequence (the input projection of all T steps is one
 GEMM). Autograd differentiates these functions; they run on any device and dtype.
+
+Zoneout (Krueger et al. 2017, "Zoneout: Regularizing RNNs by Randomly Preserving Hidden Activations"), when
+:func:`layer_forward` gets factors ``z``: after each step every state is ``lerp(new, previous, z)`` =
+``(1 - z) * new + z * previous`` (``torch.lerp``): a factor of 1 keeps the unit's previous value (zoned out),
+0 takes the new one; the state after zoneout is the output and the next step's input. Training draws the
+factors from Bernoulli(p); evaluation uses their expectation p.
 """
 
 from __future__ import annotations
@@ -76,13 +82,14 @@ def rnn_relu_step(g: Tensor, state: State) -> State:
 
 def layer_forward(step: Callable[..., State], split: bool, input: Tensor, state: State, weight_ih: Tensor,
                   weight_hh: Tensor, bias_ih: Tensor | None, bias_hh: Tensor | None = None,
-                  lengths: Tensor | None = None) -> tuple[Tensor, State]:
+                  lengths: Tensor | None = None, zoneout: Tensor | None = None) -> tuple[Tensor, State]:
     """A whole sequence, as the compiled ops compute it.
 
     step: a step function above; split: whether it takes the two sides of its pre-activations apart (the
     GRU). input (T, B, I); state: (h, c) or (h,), each (B, H); lengths (B,) int64 or None (every row runs
     all T steps; otherwise row b stops after lengths[b] steps: its state stays, its later outputs are zero,
-    and its padding never reaches a gradient). Returns (output (T, B, H), the final state).
+    and its padding never reaches a gradient); zoneout (T, B, S * H) or None: each step's factors of the S
+    states, in the state's order (h, then c). Returns (output (T, B, H), the final state).
     """
     running = None
     if lengths is not None:
@@ -98,6 +105,9 @@ def layer_forward(step: Callable[..., State], split: bool, input: Tensor, state:
             new = step(projected[t], F.linear(state[0], weight_hh, bias_hh), state)
         else:
             new = step(torch.addmm(projected[t], state[0], weight_hh.t()), state)
+        if zoneout is not None:
+            factors = zoneout[t].chunk(len(state), dim=1)
+            new = tuple(torch.lerp(n, s, z) for n, s, z in zip(new, state, factors))
         if running is None:
             state = new
             outputs.append(new[0])

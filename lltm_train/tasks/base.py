@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import lightning as L
@@ -317,3 +317,11 @@ def _last_step(trainer) -> bool:
 
 
 LLTMTask = RecurrentTask  # the former name (it trains every cell): user code that names it keeps working
+
+
+def plain_zoneout(zoneout):
+    """``model.zoneout`` as plain Python (a number, or a list of numbers): the hyperparameters a checkpoint keeps
+    must load with ``torch.load(weights_only=True)``, which refuses OmegaConf's ListConfig."""
+    if isinstance(zoneout, (str, bytes)) or not isinstance(zoneout, Sequence):
+        return zoneout
+    return [float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else p for p in zoneout]
