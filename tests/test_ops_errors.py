@@ -86,9 +86,13 @@ def test_raw_ops_check_their_arguments():
         torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, torch.tensor([1, 2], dtype=torch.int32))
     out, h_n, c_n, cells, activations = torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, None)
     with pytest.raises(RuntimeError, match="expected grad_output of shape"):
-        torch.ops.lltm.layer_backward(out[:1], h_n, c_n, x, h, w_ih, w_hh, out, cells, activations, None)
+        torch.ops.lltm.layer_backward(out[:1], h_n, c_n, x, h, c, w_ih, w_hh, out, cells, activations, None)
     with pytest.raises(RuntimeError, match="expected activations of shape"):
-        torch.ops.lltm.layer_backward(out, h_n, c_n, x, h, w_ih, w_hh, out, cells, activations[:, :, :3], None)
+        torch.ops.lltm.layer_backward(out, h_n, c_n, x, h, c, w_ih, w_hh, out, cells, activations[:, :, :3], None)
+    with pytest.raises(RuntimeError, match=r"expected zoneout of shape \(T, B, 2 \* hidden_size\)"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, None, True, torch.zeros(x.shape[0], x.shape[1], 5))
+    with pytest.raises(RuntimeError, match="zoneout has dtype Double but input has dtype Float"):
+        torch.ops.lltm.layer_forward(x, h, c, w_ih, w_hh, b, None, True, torch.zeros(*x.shape[:2], 2 * h.shape[1]).double())
 
 
 def test_unknown_backend_and_wrong_device():
