@@ -104,8 +104,6 @@ OmegaConf.register_new_resolver("lltm_fused_and_torch", _fused_and_torch, replac
 OmegaConf.register_new_resolver("lltm_config_subdir", _config_subdir, replace=True)
 OmegaConf.register_new_resolver(  # hparams_search: maximise accuracies, minimise the rest
     "lltm_direction", lambda metric: "maximize" if higher_is_better(str(metric)) else "minimize", replace=True)
-OmegaConf.register_new_resolver(  # the best checkpoint: the highest accuracy, the lowest of the rest
-    "lltm_mode", lambda metric: "max" if higher_is_better(str(metric)) else "min", replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")

@@ -36,6 +36,16 @@ def _warmup_steps(max_time) -> int | None:
 
 OmegaConf.register_new_resolver("lltm_warmup_steps", _warmup_steps, replace=True)
 
+
+def _checkpoint_mode(metric) -> str:
+    """callbacks.model_checkpoint.mode for the run's optimized_metric: max for an accuracy, min for the rest."""
+    from .report import higher_is_better  # (light: the report's plotting is imported where it plots)
+
+    return "max" if higher_is_better(str(metric)) else "min"
+
+
+OmegaConf.register_new_resolver("lltm_mode", _checkpoint_mode, replace=True)
+
 FUSED_BACKENDS = ("python", "cpp", "cuda")
 
 
