@@ -31,7 +31,8 @@ from omegaconf.errors import OmegaConfBaseException
 from .checkpoint_io import CheckpointWriteError
 from .config import ConfigError, cell_backends, config_dir, hydra_value
 from .console import quiet_upstream_warnings, route_warnings
-from .report import higher_is_better, short_number
+from .metric_names import higher_is_better
+from .report import short_number
 from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, overrides_record
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from .metric_names import higher_is_better
 from .ops.cells import CELLS, default_lr
 
 
@@ -39,8 +40,6 @@ OmegaConf.register_new_resolver("lltm_warmup_steps", _warmup_steps, replace=True
 
 def _checkpoint_mode(metric) -> str:
     """callbacks.model_checkpoint.mode for the run's optimized_metric: max for an accuracy, min for the rest."""
-    from .report import higher_is_better  # (light: the report's plotting is imported where it plots)
-
     return "max" if higher_is_better(str(metric)) else "min"
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
+from .metric_names import HIGHER_IS_BETTER, higher_is_better
 from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV,
                         TENSORBOARD, config_record, overrides_record)
 
@@ -39,7 +40,6 @@ COLUMNS = ["rank", "run", "status", "changed", "backend", "cell", "final", "best
            "tokens_per_s", "peak_cuda_mib", "wall_s", "parameters"]
 
 
-HIGHER_IS_BETTER = ("acc",)  # metric names (after the stage/) ranked best-highest; every other one best-lowest
 
 # Scalars that only training steps log (train/diverged too: a validation during training logs it), at the
 # 0-based index of the step just taken; the run average is logged once a training session ends.
@@ -54,11 +54,6 @@ def _steps_taken(tag: str, logged: int, after_training: int | None) -> int:
     if tag.startswith("test/") or (logged == after_training and not tag.startswith(TRAINING_TAGS)):
         return logged
     return logged + 1
-
-
-def higher_is_better(metric: str) -> bool:
-    """True for ``val/acc``-like metrics: a report ranks them, and a search (hparams_search) maximises them."""
-    return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
 
 
 @dataclass
