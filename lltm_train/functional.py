@@ -28,7 +28,8 @@ from .backends import resolve_backend
 from .ops import reference
 from .ops.cells import GRU, LLTM, LSTM, CellSpec, cell_spec
 
-__all__ = ["gru_cell", "gru_layer", "lltm_cell", "lltm_layer", "lstm_cell", "lstm_layer", "rnn_cell", "rnn_layer"]
+__all__ = ["dense_weight_hh", "gru_cell", "gru_layer", "lltm_cell", "lltm_layer", "lstm_cell", "lstm_layer", "rnn_cell",
+           "rnn_layer"]
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -223,9 +224,44 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
                                    lengths=lengths, zoneout=None if zoneout is None else zoneout.detach())
 
 
+def dense_weight_hh(cell: str | CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+    """The recurrent weight of ``num_heads`` heads as one dense, block-diagonal matrix (G * H, H).
+
+    With NH heads of width DH (H = NH * DH) each head is a recurrence of its own: unit ``a * DH + j`` of head
+    ``a`` reads only the DH units of its head at the step before (the multi-head LSTM of FlashRNN and
+    xLSTM; Beck et al. 2024, "xLSTM: Extended Long Short-Term Memory"). ``weight_hh`` holds only those blocks:
+    (G * H, DH), row ``g * H + a * DH + j`` (gate g, unit a * DH + j, the row order of ``torch.nn``'s
+    weights), column k the unit ``a * DH + k`` it reads. ``num_heads=1`` is ``torch.nn``'s (G * H, H), returned
+    as it is. The result is differentiable (the gradient of ``weight_hh`` is the dense one's diagonal blocks).
+
+    Raises:
+        ValueError: num_heads not a positive integer, or ``weight_hh`` not of shape (G * H, H / num_heads).
+    """
+    spec = cell_spec(cell)
+    return _dense_weight_hh(f"{spec.name}_layer", spec, weight_hh, num_heads)
+
+
+def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        raise ValueError(f"{op}: num_heads must be a positive integer, got {num_heads!r}")
+    if num_heads == 1:
+        return weight_hh
+    if not isinstance(weight_hh, Tensor):
+        raise TypeError(f"{op}: weight_hh must be a torch.Tensor, got {type(weight_hh).__name__}")
+    G = spec.num_gates
+    if weight_hh.dim() != 2 or weight_hh.shape[0] != G * num_heads * weight_hh.shape[1]:
+        raise ValueError(f"{op}: with num_heads={num_heads}, expected weight_hh of shape ({G} * hidden_size, "
+                         f"hidden_size / {num_heads}), got {tuple(weight_hh.shape)}")
+    DH = weight_hh.shape[1]
+    eye = torch.eye(num_heads, dtype=weight_hh.dtype, device=weight_hh.device)
+    blocks = weight_hh.reshape(G, num_heads, DH, DH)
+    return torch.einsum("gajk,ab->gajbk", blocks, eye).reshape(G * num_heads * DH, num_heads * DH)
+
+
 def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
               weight_hh: Tensor, *biases: Tensor | None, lengths: Tensor | None = None,
-              backend: str = "auto", zoneout: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+              backend: str = "auto", zoneout: Tensor | None = None,
+              num_heads: int = 1) -> tuple[Tensor, tuple[Tensor, ...]]:
     """One layer of any cell (its name, e.g. ``"rnn_relu"``, or its spec) over a sequence, its state as a
     tuple: ``hx`` and the result's state are ``(h, c)`` or ``(h,)``, and ``biases`` the cell's
     (``CellSpec.biases``). :func:`lltm_layer`, :func:`lstm_layer` and :func:`gru_layer` are this with their
@@ -234,19 +270,26 @@ def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None
     ``zoneout``: None, or the zoneout factors (T, B, S * hidden_size) of the S states (h, then c), input's
     dtype and device, each in [0, 1] (1 keeps the unit's previous value): after every step each state is
     ``torch.lerp(new, previous, factor)`` (:mod:`lltm_train.ops.reference`; Krueger et al. 2017). The factors
-    get no gradient. Not with ``backend="torch"`` (ValueError)."""
+    get no gradient. Not with ``backend="torch"`` (ValueError).
+
+    ``num_heads``: the recurrence in NH independent heads, ``weight_hh`` (G * hidden_size, hidden_size / NH) in
+    the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. (The kernels run the
+    heads' block-diagonal matrix as a dense one for now: a head costs what the whole width costs.)"""
     cell = cell_spec(cell)
     name = f"{cell.name}_layer"
+    weight_hh = _dense_weight_hh(name, cell, weight_hh, num_heads)
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1)
     return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend,
                   zoneout)
 
 
 def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
-             weight_hh: Tensor, *biases: Tensor | None, backend: str = "auto") -> tuple[Tensor, ...]:
-    """One step of any cell (input (B, input_size)), its state as a tuple as in :func:`rnn_layer`."""
+             weight_hh: Tensor, *biases: Tensor | None, backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, ...]:
+    """One step of any cell (input (B, input_size)), its state as a tuple and ``num_heads`` as in
+    :func:`rnn_layer`."""
     cell = cell_spec(cell)
     name = f"{cell.name}_cell"
+    weight_hh = _dense_weight_hh(name, cell, weight_hh, num_heads)
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0)
     if not isinstance(input, Tensor) or input.dim() != 2:
         got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__

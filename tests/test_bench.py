@@ -4,6 +4,7 @@ figures themselves live in BENCHMARKS.md and benchmarks/log/)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -177,7 +178,7 @@ def test_the_check_before_timing_falls_back_to_float64_and_stops_a_wrong_backend
     in 16-bit dtypes, the error against float64 decides: within 4x python's passes, beyond stops the bench."""
     figures = {}
 
-    def fake(*args, against_float64=None):
+    def fake(*args, against_float64=None, num_heads=1):
         return figures["float64" if against_float64 or dtype != torch.float32 else "float32"]
 
     monkeypatch.setattr(common, "check_against_python", fake)
@@ -191,3 +192,66 @@ def test_the_check_before_timing_falls_back_to_float64_and_stops_a_wrong_backend
     with pytest.raises(SystemExit, match=r"cpp differs from python on gpu-S \(rnn_relu, .*\): .*error against "
                                          r"float64 9.00x python's > 4x"):
         common.checked_against_python(*args)
+
+
+def _fake_flashrnn(monkeypatch, fail: bool):
+    """A stand-in for FlashRNN's ``flashrnn(Wx, R, b, function, backend, dtype)`` (not a dependency here): outputs
+    (S, B, T, NH, DH) from Wx, or the error its kernels give when they do not build."""
+    import importlib.machinery
+    import types
+
+    calls = []
+
+    def flashrnn(Wx, R, b, function, backend, dtype):
+        calls.append((tuple(Wx.shape), tuple(R.shape), tuple(b.shape), function, backend, dtype))
+        if fail:
+            raise RuntimeError("Error building extension 'flashrnn_fused'\nmore lines")
+        return torch.tanh(Wx.sum(2) + b.sum(0) + R.sum((0, 3))[..., :Wx.shape[-1]]).unsqueeze(0), None
+
+    module = types.ModuleType("flashrnn")
+    module.flashrnn = flashrnn
+    module.__spec__ = importlib.machinery.ModuleSpec("flashrnn", None)
+    monkeypatch.setitem(sys.modules, "flashrnn", module)
+    monkeypatch.setitem(common.CONFIGS, "tiny", (8, 4, 6, 12))
+    return calls
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["runs", "fails"])
+def test_flashrnn_is_a_contender_where_installed_with_the_heads(tmp_path, capsys, monkeypatch, fail):
+    calls = _fake_flashrnn(monkeypatch, fail)
+    out = tmp_path / "layers.json"
+    main(["--device", "cpu", "--configs", "tiny", "--cells", "lstm,gru,lltm", "--num-heads", "3", "--repeats", "1",
+          "--json", str(out)])
+    rows = {r["cell"]: r for r in json.loads(out.read_text())["results"]}
+    # its layout: Wx (B, T, G, NH, DH), R (G, NH, DH, DH), its GRU's 4 bias blocks; the vanilla loop on a CPU
+    assert calls[0] == ((4, 8, 4, 3, 4), (4, 3, 4, 4), (4, 3, 4), "lstm", "vanilla", "float32")
+    assert any(c[3] == "gru" and c[2] == (4, 3, 4) for c in calls)
+    assert all(r["num_heads"] == 3 for r in rows.values())
+    assert "FlashRNN vanilla" not in rows["lltm"]["tokens_per_s"]  # it has no LLTM
+    printed = capsys.readouterr().out
+    for cell in ("lstm", "gru"):
+        if fail:
+            assert "ratio_vs_peer" not in rows[cell]
+            assert rows[cell]["failed"] == {"FlashRNN vanilla": "RuntimeError: Error building extension 'flashrnn_fused'"}
+        else:
+            tps = rows[cell]["tokens_per_s"]
+            assert rows[cell]["ratio_vs_peer"] == tps["cpp"] / tps["FlashRNN vanilla"]
+    assert ("FlashRNN vanilla failed (RuntimeError" in printed) is fail
+    assert "tiny lstm (T=8, B=4, I=6, H=12, 3 heads)" in printed
+
+
+def test_flashrnn_in_the_best_dtype_table(capsys, monkeypatch):
+    _fake_flashrnn(monkeypatch, False)
+    main(["--device", "cpu", "--configs", "tiny", "--cells", "lstm", "--dtype", "best", "--repeats", "1"])
+    assert "tiny: lstm / FlashRNN vanilla's best (" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-heads", "3", "--configs", "cpu-S"], "--num-heads 3 does not divide the hidden size of cpu-S (128)"),
+    (["--num-heads", "0"], "--num-heads must be at least 1"),
+    (["--num-heads", "2", "--training"], "--num-heads goes with the layer figures"),
+])
+def test_bad_num_heads_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

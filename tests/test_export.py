@@ -41,10 +41,13 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["lstm", "gru"])
 def cell_checkpoint(request, tmp_path_factory):
-    """The same with the fused LSTM or GRU (trained on its torch.nn baseline for the LSTM: the file moves). The
-    other cells export through the same two interfaces, by whether their state has a c (TokenModel) or not."""
+    """The same with the fused LSTM or GRU (trained on its torch.nn baseline for the LSTM: the file moves; the GRU with
+    two heads). The other cells export through the same two interfaces, by whether their state has a c (TokenModel)
+    or not."""
     backend = "torch" if request.param == "lstm" else "cpp"
-    return _train_text_model(tmp_path_factory.mktemp(request.param), f"model.cell={request.param}", f"backend={backend}")
+    heads = ["model.num_heads=2"] if request.param == "gru" else []
+    return _train_text_model(tmp_path_factory.mktemp(request.param), f"model.cell={request.param}", f"backend={backend}",
+                             *heads)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +167,7 @@ def test_lstm_and_gru_models_export_and_reload(cell_checkpoint, tmp_path, fmt):
     """An LSTM model (trained on torch.nn.LSTM) exports through the fused cell; the files of a cell whose state
     is h alone (the GRU here) take and return h alone."""
     task, ckpt = load_task(cell_checkpoint, "cpp")
+    assert task.net.rnn.num_heads == (2 if task.hparams["cell"] == "gru" else 1)
     model = token_model(task.net)
     h_only = not CELLS[task.hparams["cell"]].has_cell_state
     assert isinstance(model, TokenModelH if h_only else TokenModel) and len(example_inputs(model)) == (2 if h_only else 3)

@@ -8,7 +8,8 @@ each is credited with its best. Every dtype of ours is first checked against the
 (:func:`lltm_train.bench.common.checked_against_python`). The table compares each fused cell with PyTorch's
 best for its main baseline (the same cell where PyTorch has it), and each cell with several baselines
 (``CellSpec.baselines``: the LLTM's are the LSTM and the GRU) with the best of their layers, where the other
-cells' rows measured them.
+cells' rows measured them. Where FlashRNN is installed (:mod:`.peers`), its layer of the cell is timed in each
+dtype it takes too, and each fused cell is compared with its best.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..ops.cells import CELLS, CellSpec
 from .common import CONFIGS, baseline_label, checked_against_python, compiled_backend, contenders, measure, peak_memory_mib
+from .peers import try_contender
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -26,9 +28,11 @@ def _best(figures: dict[str, float]) -> tuple[float, str]:
     return figures[dtype], dtype
 
 
-def run_best(configs: list[str], device: torch.device, repeats: int, cells: list[CellSpec]) -> list[dict]:
-    """One row per config and cell: tokens/s and peak MiB of PyTorch's layer and ours in each dtype, the best
-    of each and their ratio; then, per config, each cell with several baselines against the best of them."""
+def run_best(configs: list[str], device: torch.device, repeats: int, cells: list[CellSpec],
+             num_heads: int = 1) -> list[dict]:
+    """One row per config and cell: tokens/s and peak MiB of PyTorch's layer and ours (and FlashRNN's) in each
+    dtype, the best of each and their ratio; then, per config, each cell with several baselines against the best
+    of them. ``num_heads``: as :func:`lltm_train.bench.layers.run_layers`'s."""
     backend = compiled_backend(device)
     rows = []
     for name in configs:
@@ -36,24 +40,40 @@ def run_best(configs: list[str], device: torch.device, repeats: int, cells: list
         for cell in cells:
             baseline = baseline_label(cell)
             row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
-                   "baseline": baseline, "backend": backend, "tokens_per_s": {baseline: {}, backend: {}},
-                   "peak_mib": {baseline: {}, backend: {}}, "check": {}}
+                   "num_heads": num_heads, "baseline": baseline, "backend": backend,
+                   "tokens_per_s": {baseline: {}, backend: {}}, "peak_mib": {baseline: {}, backend: {}}, "check": {}}
             for dtype_name in DTYPES:
                 dtype = getattr(torch, dtype_name)
-                row["check"][dtype_name] = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend, cell)
-                for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell):
+                row["check"][dtype_name] = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend,
+                                                                  cell, num_heads)
+                for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell, num_heads, peers=True):
                     if label == "python":
                         continue
+                    if label.startswith("FlashRNN"):
+                        if (reason := try_contender(fn)) is not None:
+                            row.setdefault("failed", {})[f"{label} {dtype_name}"] = reason
+                            continue
+                        row["peer"] = label
+                        row["tokens_per_s"].setdefault(label, {})
+                        row["peak_mib"].setdefault(label, {})
                     row["tokens_per_s"][label][dtype_name] = T * B / measure(fn, device, repeats, calls=3)
                     if device.type == "cuda":
                         row["peak_mib"][label][dtype_name] = peak_memory_mib(fn, device)
             (ours, ours_dtype), (theirs, theirs_dtype) = _best(row["tokens_per_s"][backend]), _best(row["tokens_per_s"][baseline])
             row["best"] = {backend: [ours, ours_dtype], baseline: [theirs, theirs_dtype]}
             row["ratio_best"] = ours / theirs
+            peer_text = ""
+            if "peer" in row:
+                row["best"][row["peer"]] = list(_best(row["tokens_per_s"][row["peer"]]))
+                row["ratio_vs_peer"] = ours / row["best"][row["peer"]][0]
+                peer_text = f", {backend}/{row['peer']} {row['ratio_vs_peer']:.2f}x"
             rows.append(row)
-            print(f"{name:>7} {cell.name:>4} (T={T}, B={B}, I={I}, H={H}): " + "; ".join(
+            heads = f", {num_heads} heads" if num_heads != 1 else ""
+            failed = "".join(f"; {label} failed ({reason})" for label, reason in row.get("failed", {}).items())
+            print(f"{name:>7} {cell.name:>4} (T={T}, B={B}, I={I}, H={H}{heads}): " + "; ".join(
                 f"{label} " + ", ".join(f"{d} {v / 1e6:.2f}" for d, v in row["tokens_per_s"][label].items())
-                for label in (baseline, backend)) + f" M tok/s; best {backend}/{baseline} {row['ratio_best']:.2f}x", flush=True)
+                for label in row["tokens_per_s"]) + f" M tok/s; best {backend}/{baseline} {row['ratio_best']:.2f}x"
+                + peer_text + failed, flush=True)
     print(format_table(rows), flush=True)
     return rows
 
@@ -71,6 +91,11 @@ def format_table(rows: list[dict]) -> str:
         mem_text = f"{mem[0]:.0f} / {mem[1]:.0f}" if None not in mem else "-"
         lines.append(f"| {r['config']} | {r['cell']} | {theirs / 1e6:.2f} ({r['baseline']}, {td}) | {ours / 1e6:.2f} ({od}) "
                      f"| {r['ratio_best']:.2f}x | {mem_text} |")
+    for r in rows:
+        if "peer" in r:
+            tps, dtype = r["best"][r["peer"]]
+            lines.append(f"{r['config']}: {r['cell']} / {r['peer']}'s best ({dtype}, {tps / 1e6:.2f} M, the recurrence "
+                         f"alone) {r['ratio_vs_peer']:.2f}x")
     for config in dict.fromkeys(r["config"] for r in rows):
         at_config = [r for r in rows if r["config"] == config]
         for row in at_config:

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "best"], default="float32",
                         help="best: every layer in each dtype, credited with its fastest (lltm_train/bench/best.py)")
     parser.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to time (default: all)")
+    parser.add_argument("--num-heads", type=int, default=1, help="heads of the layers' recurrence (ours and FlashRNN's; "
+                        "PyTorch's layer runs the dense width): it must divide every config's hidden size")
     parser.add_argument("--repeats", type=int, help="timings per figure, the median reported (default 5); with "
                         "--training, alternated lltm-train runs per figure (default 1)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
@@ -99,6 +101,15 @@ def main(argv: list[str] | None = None) -> None:
         configs = [c for c in configs if c != "seed-cell"]
     if args.sweep and (args.jit or args.training or args.configs or args.dtype != "float32"):
         parser.error("--sweep times float32 layers: it does not go with --jit, --training, --configs or --dtype")
+    if args.num_heads != 1:
+        if args.num_heads < 1:
+            parser.error("--num-heads must be at least 1")
+        if args.jit or args.training or args.sweep:
+            parser.error("--num-heads goes with the layer figures (default, --dtype best, --inference)")
+        uneven = [c for c in configs if CONFIGS[c][3] % args.num_heads]
+        if uneven:
+            parser.error(f"--num-heads {args.num_heads} does not divide the hidden size of {uneven[0]} "
+                         f"({CONFIGS[uneven[0]][3]})")
     if args.dtype == "best" and (args.jit or args.training):
         parser.error("--dtype best times layers: it does not go with --jit or --training")
     if args.dtype == "best" and "seed-cell" in configs:
@@ -151,11 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.training:
         results = run_training(device, args.steps or 300, args.repeats)
     elif args.inference:
-        results = run_inference(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])
+        results = run_inference(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells],
+                                args.num_heads)
     elif args.dtype == "best":
-        results = run_best(configs, device, args.repeats, [CELLS[c] for c in cells])
+        results = run_best(configs, device, args.repeats, [CELLS[c] for c in cells], args.num_heads)
     else:
-        results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells])
+        results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells],
+                             args.num_heads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "command": " ".join(["lltm-bench", *sys.argv[1:]]), "results": results}, f, indent=1)

@@ -19,6 +19,7 @@ import torch
 from ..backends import resolve_backend
 from ..functional import rnn_cell, rnn_layer
 from ..ops.cells import CELLS, LLTM, CellSpec
+from .peers import flashrnn_contender
 
 CONFIGS = {  # name: (T, B, input_size, hidden_size)
     "seed-cell": (1, 16, 32, 128),
@@ -28,6 +29,7 @@ CONFIGS = {  # name: (T, B, input_size, hidden_size)
     "gpu-XL": (128, 256, 1024, 2048),
     "cpu-S": (128, 32, 64, 128),
     "cpu-M": (64, 64, 256, 512),
+    "flashrnn-shape": (1024, 16, 768, 768),  # FlashRNN's own benchmark (Pöppel et al. 2024): B 16, T 1024, 768 units
 }
 DEFAULTS = {"cpu": ["seed-cell", "cpu-S", "cpu-M"], "cuda": ["seed-cell", "gpu-S", "gpu-M", "gpu-L"]}
 
@@ -77,30 +79,34 @@ def baseline_label(cell: CellSpec) -> str:
     return baseline(cell).torch_label
 
 
-def weights(cell: CellSpec, I: int, H: int, **kw) -> list[torch.Tensor]:
-    """weight_ih, weight_hh and the cell's biases, random, scaled as a trained layer's would be."""
-    G = cell.num_gates
-    return [torch.randn(G * H, I, **kw) * I**-0.5, torch.randn(G * H, H, **kw) * H**-0.5,
+def weights(cell: CellSpec, I: int, H: int, num_heads: int = 1, **kw) -> list[torch.Tensor]:
+    """weight_ih, weight_hh (the heads' blocks, (G H, H / num_heads)) and the cell's biases, random, scaled as a
+    trained layer's would be."""
+    G, DH = cell.num_gates, H // num_heads
+    return [torch.randn(G * H, I, **kw) * I**-0.5, torch.randn(G * H, DH, **kw) * DH**-0.5,
             *(torch.randn(G * H, **kw) * 0.1 for _ in cell.biases)]
 
 
-def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str, cell: CellSpec = LLTM):
+def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str, cell: CellSpec = LLTM,
+               num_heads: int = 1, peers: bool = False):
     """(label, fn) pairs: PyTorch's baseline (a layer, or its one-step cell for the config ``seed-cell``), the
-    python backend and ``backend``; each fn runs forward + backward once on fresh random inputs made here."""
+    python backend and ``backend``, then with ``peers`` FlashRNN's layer of the cell where it is installed and has
+    the cell (:mod:`.peers`); each fn runs forward + backward once on fresh random inputs made here. With
+    ``num_heads`` ours and FlashRNN's run that many heads; PyTorch's layer, which has none, the dense width."""
     kw = dict(device=device, dtype=dtype)
     x = torch.randn(T, B, I, **kw, requires_grad=True)
-    params = [w.requires_grad_() for w in weights(cell, I, H, **kw)]
+    params = [w.requires_grad_() for w in weights(cell, I, H, num_heads, **kw)]
     grad = torch.randn(T, B, H, **kw)
     step = name == "seed-cell"
 
     def ours(be: str):
         if step:
             def run():
-                state = rnn_cell(cell, x[0], None, *params, backend=be)
+                state = rnn_cell(cell, x[0], None, *params, backend=be, num_heads=num_heads)
                 torch.autograd.backward(state, (grad[0],) * len(state))
         else:
             def run():
-                out, _ = rnn_layer(cell, x, None, *params, backend=be)
+                out, _ = rnn_layer(cell, x, None, *params, backend=be, num_heads=num_heads)
                 out.backward(grad)
         return run
 
@@ -116,22 +122,24 @@ def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend
             out, _ = theirs(x)
             out.backward(grad)
 
-    return [(rival.torch_label, run_theirs), ("python", ours("python")), (backend, ours(backend))]
+    found = [(rival.torch_label, run_theirs), ("python", ours("python")), (backend, ours(backend))]
+    peer = flashrnn_contender(cell, T, B, H, num_heads, device, dtype) if peers and not step else None
+    return found + ([peer] if peer else [])
 
 
 def check_against_python(T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM,
-                         against_float64: bool | None = None) -> float:
+                         against_float64: bool | None = None, num_heads: int = 1) -> float:
     """How far the backend's outputs and gradients are from the python backend's: the largest relative
     difference (norm), in float32 by default. In 16-bit dtypes both backends round differently, so each is
     measured against a float64 run and the backend's error is returned relative to python's (<= 1 when it is
     no worse); ``against_float64=True`` measures float32 that way too."""
     torch.manual_seed(0)
     kw = dict(device=device, dtype=dtype)
-    leaves = [torch.randn(T, B, I, **kw), *weights(cell, I, H, **kw)]
+    leaves = [torch.randn(T, B, I, **kw), *weights(cell, I, H, num_heads, **kw)]
 
     def results(be, leaf_dtype):
         ls = [t.to(leaf_dtype).requires_grad_() for t in leaves]
-        out, state = rnn_layer(cell, ls[0], None, *ls[1:], backend=be)
+        out, state = rnn_layer(cell, ls[0], None, *ls[1:], backend=be, num_heads=num_heads)
         loss = out.float().square().mean() + state[-1].float().mean()
         return [t.detach().double() for t in (out, *state, *torch.autograd.grad(loss, ls))]
 
@@ -152,14 +160,15 @@ def check_against_python(T, B, I, H, device, dtype, backend: str, cell: CellSpec
 FLOAT32_DIFFERENCE, ERROR_MULTIPLE = 1e-3, 4.0
 
 
-def checked_against_python(where: str, T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM) -> float:
+def checked_against_python(where: str, T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM,
+                           num_heads: int = 1) -> float:
     """:func:`check_against_python` under the bounds above; SystemExit naming ``where`` when the backend differs.
     Returns the figure checked (float32's relative difference when it is within bounds, else the multiple)."""
-    err = check_against_python(T, B, I, H, device, dtype, backend, cell)
+    err = check_against_python(T, B, I, H, device, dtype, backend, cell, num_heads=num_heads)
     if dtype == torch.float32 and err < FLOAT32_DIFFERENCE:
         return err
     multiple = err if dtype != torch.float32 else check_against_python(T, B, I, H, device, dtype, backend, cell,
-                                                                       against_float64=True)
+                                                                       against_float64=True, num_heads=num_heads)
     if not multiple <= ERROR_MULTIPLE:
         first = f"relative difference {err:.2e}, then " if dtype == torch.float32 else ""
         raise SystemExit(f"lltm-bench: {backend} differs from python on {where} ({cell.name}, {str(dtype)[6:]}): "

@@ -15,7 +15,7 @@ from .common import CONFIGS, baseline, compiled_backend, measure, peak_memory_mi
 
 
 def run_inference(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
-                  cells: list[CellSpec]) -> list[dict]:
+                  cells: list[CellSpec], num_heads: int = 1) -> list[dict]:
     backend = compiled_backend(device)
     rows = []
     for name in configs:
@@ -23,16 +23,16 @@ def run_inference(configs: list[str], device: torch.device, dtype: torch.dtype, 
         for cell in cells:
             kw = dict(device=device, dtype=dtype)
             x = torch.randn(T, B, I, **kw, requires_grad=True)
-            params = [w.requires_grad_() for w in weights(cell, I, H, **kw)]
+            params = [w.requires_grad_() for w in weights(cell, I, H, num_heads, **kw)]
             rival = baseline(cell)
             theirs = rival.torch_layer(I, H).to(**kw)
 
             def training_forward():
-                rnn_layer(cell, x, None, *params, backend=backend)
+                rnn_layer(cell, x, None, *params, backend=backend, num_heads=num_heads)
 
             @torch.no_grad()
             def no_grad_forward():
-                rnn_layer(cell, x, None, *params, backend=backend)
+                rnn_layer(cell, x, None, *params, backend=backend, num_heads=num_heads)
 
             @torch.no_grad()
             def torch_forward():
@@ -42,7 +42,7 @@ def run_inference(configs: list[str], device: torch.device, dtype: torch.dtype, 
             contenders = {f"{backend} training": training_forward, f"{backend} no_grad": no_grad_forward,
                           baseline_name: torch_forward}
             row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
-                   "backend": backend, "tokens_per_s": {}}
+                   "num_heads": num_heads, "backend": backend, "tokens_per_s": {}}
             for label, fn in contenders.items():
                 row["tokens_per_s"][label] = T * B / measure(fn, device, repeats, calls=3)
                 if device.type == "cuda":

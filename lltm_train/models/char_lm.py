@@ -26,7 +26,7 @@ class CharLM(nn.Module):
         num_layers, dropout: as torch.nn.LSTM; dropout also applies before the head.
         num_classes: output classes per step (defaults to vocab_size, as in language modelling).
         cell: ``lltm``, ``lstm`` or ``gru``; backend: ``auto``, ``python``, ``cpp``, ``cuda`` or ``torch``
-            (:mod:`lltm_train.models.recurrent`); forget_bias, weight_drop, zoneout: as
+            (:mod:`lltm_train.models.recurrent`); forget_bias, weight_drop, zoneout, num_heads: as
             :func:`~lltm_train.models.recurrent_layer`.
         bidirectional: must be False: a next-token model cannot read the future.
 
@@ -40,7 +40,7 @@ class CharLM(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, embedding_dim: int, num_layers: int = 1, dropout: float = 0.0,
                  num_classes: int | None = None, cell: str = "lltm", backend: str = "auto",
                  bidirectional: bool = False, forget_bias: float | None = None, weight_drop: float = 0.0,
-                 zoneout: float | Sequence[float] = 0.0) -> None:
+                 zoneout: float | Sequence[float] = 0.0, num_heads: int = 1) -> None:
         super().__init__()
         v.positive_int("CharLM", "vocab_size", vocab_size)
         v.positive_int("CharLM", "embedding_dim", embedding_dim)
@@ -49,7 +49,8 @@ class CharLM(nn.Module):
                              "future); use it with a sequence-level data set")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend,
-                                   forget_bias=forget_bias, weight_drop=weight_drop, zoneout=zoneout)
+                                   forget_bias=forget_bias, weight_drop=weight_drop, zoneout=zoneout,
+                                   num_heads=num_heads)
         self.dropout = nn.Dropout(v.probability("CharLM", "dropout", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 

@@ -27,7 +27,7 @@ CELLS = tuple(_SPECS)  # the cells' names (model.cell): lltm, lstm, gru, rnn, rn
 
 def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
                     bidirectional: bool = False, backend: str = "auto", forget_bias: float | None = None,
-                    weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0) -> nn.Module:
+                    weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, num_heads: int = 1) -> nn.Module:
     """A time-major recurrent layer: ``layer(x (T, B, F) or PackedSequence, state=None) -> (output, state)``.
 
     ``forget_bias``: the forget gate's initial bias in every layer and direction (``bias_ih``'s forget rows;
@@ -39,11 +39,14 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     (:class:`lltm_train.nn.LSTM`'s argument; with ``backend="torch"`` the same on ``torch.nn``'s layer).
     ``zoneout``: one probability for both states or a pair ``[cell, hidden]`` (Krueger et al. 2017), inside the
     fused kernels (:class:`lltm_train.nn.LSTM`'s argument); ``backend="torch"`` has none.
+    ``num_heads``: the recurrence in that many independent heads (:class:`lltm_train.nn.LSTM`'s argument); with
+    ``backend="torch"``, :class:`lltm_train.nn.LSTM` runs PyTorch's kernels on the block-diagonal matrix.
 
     Raises:
         ValueError: an unknown cell or backend, ``backend="torch"`` for a cell PyTorch lacks (the LLTM), a
-            bad size, dropout, weight_drop or zoneout (or zoneout with ``backend="torch"``), or a forget_bias that is not a finite number or is given for a cell without
-            a forget gate.
+            bad size, dropout, weight_drop, zoneout (or zoneout with ``backend="torch"``) or num_heads (one that
+            does not divide hidden_size), or a forget_bias that is not a finite number or is given for a cell
+            without a forget gate.
     """
     v.one_of("model", "cell", cell, CELLS)
     check_backend_name(backend, cell)
@@ -55,16 +58,16 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
                              "has none (leave forget_bias null)")
         if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float)) or not math.isfinite(forget_bias):
             raise ValueError(f"model: forget_bias must be a finite number or null, got {forget_bias!r}")
-    if backend == "torch":
+    if backend == "torch" and zoneout not in (0, 0.0, None) and not (isinstance(zoneout, Sequence) and not any(zoneout)):
+        raise ValueError(f"model: zoneout={zoneout!r} runs inside the fused kernels; backend=torch (torch.nn's "
+                         f"{_SPECS[cell].title}) has none: choose backend=auto, cpp or cuda, or zoneout=0")
+    if backend == "torch" and num_heads == 1:
         v.positive_int("model", "hidden_size", hidden_size)
         v.positive_int("model", "num_layers", num_layers)
         spec = _SPECS[cell]
         weight_drop = v.probability("model", "weight_drop", weight_drop)
         if weight_drop == 1:
             raise ValueError("model: weight_drop must be below 1 (1 would drop every recurrent weight)")
-        if zoneout not in (0, 0.0, None) and not (isinstance(zoneout, Sequence) and not any(zoneout)):
-            raise ValueError(f"model: zoneout={zoneout!r} runs inside the fused kernels; backend=torch (torch.nn's "
-                             f"{spec.title}) has none: choose backend=auto, cpp or cuda, or zoneout=0")
         make = _WEIGHT_DROPPED[spec.torch_module] if weight_drop > 0 else getattr(nn, spec.torch_module)
         layer = make(input_size, hidden_size, num_layers=num_layers, dropout=dropout, bidirectional=bidirectional,
                      **dict(spec.torch_kwargs))
@@ -72,7 +75,7 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     else:
         layer = recurrent_layers(cell, input_size, hidden_size, num_layers=num_layers, dropout=dropout,
                                  bidirectional=bidirectional, backend=backend, weight_drop=weight_drop,
-                                 zoneout=zoneout)
+                                 zoneout=zoneout, num_heads=num_heads)
     if forget_bias is not None:
         set_forget_bias(layer, cell, hidden_size, float(forget_bias))
     return layer

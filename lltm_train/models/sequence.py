@@ -17,8 +17,8 @@ class FinalStateHead(nn.Module):
     Args:
         input_size: features per step. output_size: outputs per sequence.
         hidden_size, num_layers, dropout, bidirectional: as torch.nn.LSTM; dropout also before the head.
-        cell: ``lltm``, ``lstm``, ``gru``, ``rnn`` or ``rnn_relu``; backend, forget_bias, weight_drop, zoneout: as
-            :func:`~lltm_train.models.recurrent_layer`.
+        cell: ``lltm``, ``lstm``, ``gru``, ``rnn`` or ``rnn_relu``; backend, forget_bias, weight_drop, zoneout,
+            num_heads: as :func:`~lltm_train.models.recurrent_layer`.
 
     forward(x (B, T, input_size), lengths (B,) int64 on the CPU or None) -> (B, output_size). With lengths,
     the batch is zero-padded and each sequence's final state is taken at its own length.
@@ -26,13 +26,14 @@ class FinalStateHead(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
                  bidirectional: bool = False, cell: str = "lltm", backend: str = "auto",
-                 forget_bias: float | None = None, weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0) -> None:
+                 forget_bias: float | None = None, weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0,
+                 num_heads: int = 1) -> None:
         super().__init__()
         owner = type(self).__name__
         v.positive_int(owner, "output_size", output_size)
         self.directions = 2 if v.flag(owner, "bidirectional", bidirectional) else 1
         self.rnn = recurrent_layer(cell, input_size, hidden_size, num_layers, dropout, bidirectional, backend,
-                                   forget_bias, weight_drop, zoneout)
+                                   forget_bias, weight_drop, zoneout, num_heads)
         self.dropout = nn.Dropout(v.probability(owner, "dropout", dropout))
         self.head = nn.Linear(hidden_size * self.directions, output_size)
 

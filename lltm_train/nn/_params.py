@@ -16,12 +16,13 @@ from ..ops.cells import CellSpec, cell_spec
 
 
 def make_weights(module: nn.Module, spec: CellSpec, suffix: str, input_size: int, hidden_size: int, bias: bool,
-                 factory: dict) -> None:
-    """Registers ``weight_ih{suffix}`` (G H, I), ``weight_hh{suffix}`` (G H, H) and the cell's biases
-    (``bias{suffix}``, or ``bias_ih{suffix}`` and ``bias_hh{suffix}``; G H each), in torch.nn's order."""
+                 factory: dict, num_heads: int = 1) -> None:
+    """Registers ``weight_ih{suffix}`` (G H, I), ``weight_hh{suffix}`` (G H, H / num_heads: the heads' blocks,
+    :func:`lltm_train.functional.dense_weight_hh`) and the cell's biases (``bias{suffix}``, or ``bias_ih{suffix}``
+    and ``bias_hh{suffix}``; G H each), in torch.nn's order."""
     rows = spec.num_gates * hidden_size
     params = {f"weight_ih{suffix}": nn.Parameter(torch.empty(rows, input_size, **factory)),
-              f"weight_hh{suffix}": nn.Parameter(torch.empty(rows, hidden_size, **factory)),
+              f"weight_hh{suffix}": nn.Parameter(torch.empty(rows, hidden_size // num_heads, **factory)),
               **{f"{name}{suffix}": nn.Parameter(torch.empty(rows, **factory)) if bias else None for name in spec.biases}}
     for name, p in params.items():
         module.register_parameter(name, p)
@@ -55,6 +56,16 @@ def _cudagraph_trees_in_use(device: torch.device) -> bool:
         return trees.get_manager(device.index or 0, create_if_none_exists=False) is not None
     except Exception:  # noqa: BLE001 - a private API; without it, torch's own error stands
         return False
+
+
+def check_heads(owner: str, hidden_size: int, num_heads) -> int:
+    """num_heads: a positive integer that divides hidden_size (ValueError otherwise)."""
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        raise ValueError(f"{owner}: num_heads must be a positive integer, got {num_heads!r}")
+    if hidden_size % num_heads:
+        raise ValueError(f"{owner}: hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}): each "
+                         "head is hidden_size / num_heads units wide")
+    return num_heads
 
 
 def reset_uniform(module: nn.Module, hidden_size: int) -> None:

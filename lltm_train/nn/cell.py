@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from .. import checks as v
 from ..functional import rnn_cell
 from ..ops.cells import GRU, LLTM, LSTM, RNN_RELU, RNN_TANH, CellSpec
-from ._params import BackendMixin, CellMixin, make_weights, reset_uniform
+from ._params import BackendMixin, CellMixin, check_heads, make_weights, reset_uniform
 
 
 class RecurrentCell(CellMixin, BackendMixin, nn.Module):
@@ -19,6 +19,9 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
         bias: learn the biases. backend: ``auto``, ``python``, ``cpp``, ``cuda`` (and ``torch`` for the
             cells PyTorch has); settable later.
         cell: the cell's name or :class:`~lltm_train.ops.cells.CellSpec` (only where the class fixes none).
+        num_heads: independent heads of width H / num_heads (keyword only; as :class:`~lltm_train.nn.LSTM`'s):
+            ``weight_hh`` is then (G H, H / num_heads), the heads' blocks
+            (:func:`lltm_train.functional.dense_weight_hh`).
 
     Parameters: ``weight_ih`` (G H, input_size), ``weight_hh`` (G H, H) and the biases (``bias``, or
     ``bias_ih`` and ``bias_hh``, G H each), as ``torch.nn.LSTMCell``/``GRUCell`` name them; initialised
@@ -34,15 +37,16 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
     drop_ins = {}
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, backend: str = "auto",
-                 device=None, dtype=None, *, cell: str | CellSpec | None = None) -> None:
+                 device=None, dtype=None, *, cell: str | CellSpec | None = None, num_heads: int = 1) -> None:
         super().__init__()
         owner = type(self).__name__
         self._take_cell(cell)
         v.positive_int(owner, "input_size", input_size)
         v.positive_int(owner, "hidden_size", hidden_size)
         v.flag(owner, "bias", bias)
+        self.num_heads = check_heads(owner, hidden_size, num_heads)
         self.input_size, self.hidden_size, self.backend = input_size, hidden_size, backend
-        make_weights(self, self.cell, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype})
+        make_weights(self, self.cell, "", input_size, hidden_size, bias, {"device": device, "dtype": dtype}, num_heads)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -69,13 +73,15 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
             input = input.unsqueeze(0)
             state = None if state is None else tuple(t.unsqueeze(0) for t in state)
         biases = [getattr(self, name) for name in self.cell.biases]
-        new = rnn_cell(self.cell, input, state, self.weight_ih, self.weight_hh, *biases, backend=self.backend)
+        new = rnn_cell(self.cell, input, state, self.weight_ih, self.weight_hh, *biases, backend=self.backend,
+                       num_heads=self.num_heads)
         new = tuple(t.squeeze(0) for t in new) if unbatched else new
         return new if two else new[0]
 
     def extra_repr(self) -> str:
         has_bias = getattr(self, self.cell.biases[0]) is not None
-        return f"{self.input_size}, {self.hidden_size}, bias={has_bias}{self._cell_repr()}, backend={self.backend!r}"
+        heads = f", num_heads={self.num_heads}" if self.num_heads != 1 else ""
+        return f"{self.input_size}, {self.hidden_size}, bias={has_bias}{self._cell_repr()}{heads}, backend={self.backend!r}"
 
 
 class LLTMCell(RecurrentCell):
@@ -116,9 +122,9 @@ class RNNCell(RecurrentCell):
     cell = RNN_TANH
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
-                 backend: str = "auto", device=None, dtype=None) -> None:
+                 backend: str = "auto", device=None, dtype=None, *, num_heads: int = 1) -> None:
         self.cell = rnn_cell_spec(type(self).__name__, nonlinearity)
-        super().__init__(input_size, hidden_size, bias, backend, device, dtype)
+        super().__init__(input_size, hidden_size, bias, backend, device, dtype, num_heads=num_heads)
         self.nonlinearity = nonlinearity
 
     def extra_repr(self) -> str:

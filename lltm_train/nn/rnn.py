@@ -18,7 +18,7 @@ from ..ops.cells import GRU as GRU_CELL
 from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
-from ._params import BackendMixin, CellMixin, make_weights, reset_uniform
+from ._params import BackendMixin, CellMixin, check_heads, make_weights, reset_uniform
 from .cell import rnn_cell_spec
 
 
@@ -36,7 +36,7 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  backend: str = "auto", device=None, dtype=None, proj_size: int = 0, *,
                  cell: str | CellSpec | None = None, weight_drop: float = 0.0,
-                 zoneout: float | Sequence[float] = 0.0) -> None:
+                 zoneout: float | Sequence[float] = 0.0, num_heads: int = 1) -> None:
         super().__init__()
         owner = type(self).__name__
         self._take_cell(cell)
@@ -53,6 +53,7 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         if self.weight_drop == 1:
             raise ValueError(f"{owner}: weight_drop must be below 1 (1 would drop every recurrent weight)")
         self.zoneout = _zoneout_pair(owner, zoneout)
+        self.num_heads = check_heads(owner, hidden_size, num_heads)
         if dropout > 0 and num_layers == 1:
             warnings.warn(f"{owner}: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
@@ -62,7 +63,7 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         for layer in range(num_layers):
             layer_input = input_size if layer == 0 else hidden_size * self.num_directions
             for suffix in self._suffixes(layer):
-                make_weights(self, self.cell, suffix, layer_input, hidden_size, bias, factory)
+                make_weights(self, self.cell, suffix, layer_input, hidden_size, bias, factory, num_heads)
         self.reset_parameters()
 
     @property
@@ -108,7 +109,7 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}{self._cell_repr()}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
-                              ("weight_drop", 0.0), ("zoneout", (0.0, 0.0))):
+                              ("weight_drop", 0.0), ("zoneout", (0.0, 0.0)), ("num_heads", 1)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
         return s + f", backend={self.backend!r}"
@@ -148,7 +149,8 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
                 if self.weight_drop > 0 and self.training:  # DropConnect: one mask of W_hh for the whole sequence
                     weights[1] = F.dropout(weights[1], self.weight_drop, training=True)
                 out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights,
-                                       lengths=lengths, backend=self.backend, zoneout=self._zoneout_factors(x_d))
+                                       lengths=lengths, backend=self.backend, zoneout=self._zoneout_factors(x_d),
+                                       num_heads=self.num_heads)
                 directions.append(out if d == 0 else _reversed(out, reverse))
                 for final, s in zip(finals, state):
                     final.append(s)
@@ -287,6 +289,12 @@ class LLTM(RecurrentLayers):
             probability (Bernoulli draws from the default generator); evaluation blends by the expectation,
             ``(1 - p) * new + p * previous``. Inside the fused kernels (:func:`lltm_train.functional.rnn_layer`'s
             ``zoneout``); not with ``backend="torch"``.
+        num_heads: the recurrence in that many independent heads of width hidden_size / num_heads (FlashRNN's and
+            xLSTM's multi-head layers; Beck et al. 2024): ``weight_hh_l{k}`` holds the heads' blocks of the
+            block-diagonal recurrent matrix, (3H, H / num_heads), in the layout of
+            :func:`lltm_train.functional.dense_weight_hh`; the input weights and the biases are as with one head.
+            1 (the default) is ``torch.nn``'s layout. Every backend runs it (the kernels as a dense matrix for
+            now, so a head costs what the whole width costs).
 
     Parameters, for layer k and each direction (``_reverse`` suffix for the backward one):
     ``weight_ih_l{k}`` (3H, input_size or D * H), ``weight_hh_l{k}`` (3H, H), ``bias_l{k}`` (3H), gate order
@@ -306,7 +314,8 @@ class LSTM(RecurrentLayers):
         backend: ``auto`` (the fused kernels of the device), ``python``, ``cpp``, ``cuda`` or ``torch``
             (PyTorch's own LSTM, cuDNN or oneDNN; :mod:`lltm_train.backends`); settable later.
         proj_size: only 0, ``torch.nn.LSTM``'s default (no projection); another value raises ValueError.
-        weight_drop, zoneout: as :class:`LLTM`'s (keyword only).
+        weight_drop, zoneout, num_heads: as :class:`LLTM`'s (keyword only; with num_heads > 1 the state dict is no
+            longer ``torch.nn.LSTM``'s).
 
     ``flatten_parameters()``, ``all_weights`` and ``_flat_weights_names`` behave as ``torch.nn.LSTM``'s
     (``flatten_parameters`` has nothing to do here).
@@ -344,7 +353,7 @@ class RNN(RecurrentLayers):
         nonlinearity: ``"tanh"`` (the ``rnn`` cell, ``model.cell=rnn``) or ``"relu"`` (``rnn_relu``).
         backend: as :class:`LSTM` (``torch`` is ``torch.nn.RNN``).
         proj_size: only 0 (torch.nn's default; torch.nn.RNN refuses others too).
-        weight_drop, zoneout: as :class:`LLTM`'s (keyword only).
+        weight_drop, zoneout, num_heads: as :class:`LLTM`'s (keyword only).
 
     Parameters: ``torch.nn.RNN``'s names and shapes (``weight_ih_l{k}`` (H, input_size or D * H),
     ``weight_hh_l{k}`` (H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (H)), so ``load_state_dict`` works both
@@ -356,10 +365,10 @@ class RNN(RecurrentLayers):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  backend: str = "auto", device=None, dtype=None, proj_size: int = 0, *,
-                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0) -> None:
+                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, num_heads: int = 1) -> None:
         self.cell = rnn_cell_spec(type(self).__name__, nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend,
-                         device, dtype, proj_size, weight_drop=weight_drop, zoneout=zoneout)
+                         device, dtype, proj_size, weight_drop=weight_drop, zoneout=zoneout, num_heads=num_heads)
         self.nonlinearity = nonlinearity
 
     @property

@@ -26,7 +26,7 @@ class LanguageModelTask(RecurrentTask):
     Args:
         input_size: the vocabulary size (from the data set). output_size: classes per step.
         embedding_dim, hidden_size, num_layers, dropout, bidirectional, cell, backend, forget_bias, weight_drop,
-            zoneout: the network's (:class:`~lltm_train.models.CharLM`); their defaults live in ``conf/model/char_lm.yaml``.
+            zoneout, num_heads: the network's (:class:`~lltm_train.models.CharLM`); their defaults live in ``conf/model/char_lm.yaml``.
         sample_length: characters generated after each validation (0: none); sample_temperature: their
             softmax temperature (> 0).
         stateful: carry the recurrent state from one batch to the next within a split (truncated
@@ -47,7 +47,8 @@ class LanguageModelTask(RecurrentTask):
     def __init__(self, input_size: int, output_size: int, *, embedding_dim: int, hidden_size: int, num_layers: int,
                  dropout: float, bidirectional: bool, cell: str, backend: str, sample_length: int,
                  sample_temperature: float, stateful: bool = False, forget_bias: float | None = None,
-                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, **kwargs) -> None:
+                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, num_heads: int = 1,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.uniform_loss = math.log(output_size)
         self.stateful = v.flag("LanguageModelTask", "stateful", stateful)
@@ -57,7 +58,7 @@ class LanguageModelTask(RecurrentTask):
         zoneout = plain_zoneout(zoneout)  # a Hydra list would not load with weights_only
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = CharLM(input_size, hidden_size, embedding_dim, num_layers, dropout, output_size, cell, backend,
-                          bidirectional, forget_bias, weight_drop, zoneout)
+                          bidirectional, forget_bias, weight_drop, zoneout, num_heads)
         self.metrics = torch.nn.ModuleDict(
             {s: torch.nn.ModuleDict({"nll": MeanMetric(), "acc": MulticlassAccuracy(output_size, average="micro")})
              for s in ("val", "test")}

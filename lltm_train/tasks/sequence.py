@@ -21,8 +21,8 @@ class ClassificationTask(RecurrentTask):
 
     Args:
         input_size: features per step; output_size: classes (both from the data set).
-        hidden_size, num_layers, dropout, bidirectional, cell, backend, forget_bias, weight_drop, zoneout: the
-            network's (forget_bias, weight_drop, zoneout: :func:`~lltm_train.models.recurrent_layer`); their defaults live
+        hidden_size, num_layers, dropout, bidirectional, cell, backend, forget_bias, weight_drop, zoneout, num_heads:
+            the network's (forget_bias, weight_drop, zoneout, num_heads: :func:`~lltm_train.models.recurrent_layer`); their defaults live
             in ``conf/model/classifier.yaml``.
         **kwargs: :class:`~lltm_train.tasks.RecurrentTask`'s.
 
@@ -34,14 +34,15 @@ class ClassificationTask(RecurrentTask):
 
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
                  bidirectional: bool, cell: str, backend: str, forget_bias: float | None = None,
-                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, **kwargs) -> None:
+                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, num_heads: int = 1,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.uniform_loss = math.log(output_size)
         zoneout = plain_zoneout(zoneout)  # a Hydra list would not load with weights_only
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = SequenceClassifier(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
                                       bidirectional=bidirectional, cell=cell, backend=backend, forget_bias=forget_bias,
-                                      weight_drop=weight_drop, zoneout=zoneout)
+                                      weight_drop=weight_drop, zoneout=zoneout, num_heads=num_heads)
         self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(output_size, average="micro") for s in ("val", "test")})
 
     def step(self, batch: Batch, stage: str) -> Tensor:
@@ -68,13 +69,14 @@ class RegressionTask(RecurrentTask):
 
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int, num_layers: int, dropout: float,
                  bidirectional: bool, cell: str, backend: str, forget_bias: float | None = None,
-                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, **kwargs) -> None:
+                 weight_drop: float = 0.0, zoneout: float | Sequence[float] = 0.0, num_heads: int = 1,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         zoneout = plain_zoneout(zoneout)  # a Hydra list would not load with weights_only
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)  # callables do not load with weights_only
         self.net = SequenceRegressor(input_size, output_size, hidden_size, num_layers=num_layers, dropout=dropout,
                                      bidirectional=bidirectional, cell=cell, backend=backend, forget_bias=forget_bias,
-                                     weight_drop=weight_drop, zoneout=zoneout)
+                                     weight_drop=weight_drop, zoneout=zoneout, num_heads=num_heads)
         self.mae = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})
         self.mae_units = torch.nn.ModuleDict({s: MeanAbsoluteError() for s in ("val", "test")})  # in the data's units
 

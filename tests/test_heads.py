@@ -1,0 +1,223 @@
+"""Heads (``num_heads``): the recurrence split into independent heads with a block-diagonal recurrent matrix. Every
+backend against independent single-head layers of the python reference, one per head (values, gradients,
+lengths), gradcheck, the modules' parameters and arguments, and the model config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from conftest import DEVICE_BACKENDS, layer_args, leaves, upstream_like
+from lltm_train import nn as fused
+from lltm_train.functional import dense_weight_hh, rnn_cell, rnn_layer
+from lltm_train.models import recurrent_layer
+from lltm_train.ops.cells import CELLS
+
+F64 = dict(rtol=1e-10, atol=1e-10)
+TORCH_CELLS = [name for name, spec in CELLS.items() if spec.has_torch]
+BACKENDS = [*DEVICE_BACKENDS, pytest.param(("cpu", "torch"), id="torch"), pytest.param(("cpu", "python"), id="python")]
+
+
+def head_args(spec, T, B, I, NH, DH, device="cpu"):
+    """layer_args with weight_hh holding only the heads' blocks, (G H, DH)."""
+    p = layer_args(spec, T, B, I, NH * DH, device=device)
+    p["weight_hh"] = (torch.randn(spec.num_gates * NH * DH, DH, dtype=torch.float64, device=device) * DH**-0.5
+                      ).requires_grad_()
+    return p
+
+
+def per_head(spec, p, NH, DH, lengths):
+    """The oracle: NH single-head layers of the python reference, head a on the rows g H + a DH + j of every
+    parameter and the units a DH + j of the state, outputs and states concatenated over the heads. Built by
+    indexing the same leaves, so its gradients are comparable with the heads layer's."""
+    H, G = NH * DH, spec.num_gates
+    outs, states = [], []
+    for a in range(NH):
+        rows = torch.tensor([g * H + a * DH + j for g in range(G) for j in range(DH)])
+        units = slice(a * DH, (a + 1) * DH)
+        out, state = rnn_layer(spec, p["input"], tuple(s[:, units] for s in p["states"]), p["weight_ih"][rows],
+                               p["weight_hh"][rows], *(None if b is None else b[rows] for b in p["biases"]),
+                               lengths=lengths, backend="python")
+        outs.append(out)
+        states.append(state)
+    return torch.cat(outs, -1), tuple(torch.cat(s, -1) for s in zip(*states))
+
+
+def results(spec, p, out, state, upstream):
+    loss = sum((r * u).sum() for r, u in zip((out, *state), upstream))
+    return (out, *state, *torch.autograd.grad(loss, leaves(p)))
+
+
+@pytest.mark.parametrize("device_backend", BACKENDS)
+@pytest.mark.parametrize("NH, DH, with_lengths", [(3, 4, False), (2, 5, True), (1, 6, False)])
+def test_each_head_is_an_independent_recurrence(device_backend, cell, NH, DH, with_lengths):
+    device, backend = device_backend
+    if backend == "torch" and not cell.has_torch:
+        pytest.skip(f"PyTorch has no {cell.title} cell")
+    T, B, I = 6, 3, 5
+    p = head_args(cell, T, B, I, NH, DH, device)
+    lengths = torch.tensor([6, 0, 3]) if with_lengths else None
+    upstream = upstream_like(cell, T, B, NH * DH, device)
+    got = results(cell, p, *rnn_layer(cell, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"],
+                                      lengths=lengths, backend=backend, num_heads=NH), upstream)
+    want = results(cell, p, *per_head(cell, p, NH, DH, lengths), upstream)
+    for g, w in zip(got, want):
+        assert_close(g, w, **F64)
+
+
+def test_a_perturbed_head_leaves_the_others_unchanged(cell):
+    """h_0 changed in head 0 only: head 0's outputs change at every step, the other heads' stay bit for bit."""
+    NH, DH, T = 3, 4, 5
+    p = head_args(cell, T, 2, 3, NH, DH)
+    args = (p["weight_ih"], p["weight_hh"], *p["biases"])
+    with torch.no_grad():
+        base, _ = rnn_layer(cell, p["input"], p["states"], *args, backend="cpp", num_heads=NH)
+        moved = tuple(s.clone() for s in p["states"])
+        moved[0][:, :DH] += 1.0
+        out, _ = rnn_layer(cell, p["input"], moved, *args, backend="cpp", num_heads=NH)
+    assert torch.equal(out[..., DH:], base[..., DH:])
+    assert (out[..., :DH] - base[..., :DH]).abs().amax(dim=(1, 2)).min() > 0
+
+
+@pytest.mark.parametrize("device_backend", DEVICE_BACKENDS)
+def test_gradcheck_float64(device_backend, cell):
+    device, backend = device_backend
+    p = head_args(cell, 3, 2, 3, 2, 3, device)
+
+    def f(*xs):
+        x, *rest = xs
+        states, (w_ih, w_hh), biases = rest[:len(cell.states)], rest[len(cell.states):len(cell.states) + 2], \
+            rest[len(cell.states) + 2:]
+        out, state = rnn_layer(cell, x, tuple(states), w_ih, w_hh, *biases, backend=backend, num_heads=2)
+        return (out, *state)
+
+    assert torch.autograd.gradcheck(f, tuple(leaves(p)), eps=1e-6, atol=1e-7)
+
+
+def test_the_cell_function_is_a_layer_of_one_step(cell):
+    p = head_args(cell, 1, 3, 4, 2, 3)
+    state = rnn_cell(cell, p["input"][0], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], backend="cpp",
+                     num_heads=2)
+    _, want = per_head(cell, p, 2, 3, None)
+    for a, b in zip(state, want):
+        assert_close(a, b, **F64)
+
+
+def test_dense_weight_is_block_diagonal_in_the_documented_layout():
+    """Row g H + a DH + j of the blocks is gate g, unit a DH + j; it reads columns a DH .. a DH + DH - 1."""
+    G, NH, DH = 4, 3, 2
+    H = NH * DH
+    w = torch.arange(G * H * DH, dtype=torch.float64).reshape(G * H, DH) + 1
+    dense = dense_weight_hh("lstm", w, NH)
+    assert dense.shape == (G * H, H)
+    for g in range(G):
+        for a in range(NH):
+            for j in range(DH):
+                row = g * H + a * DH + j
+                assert torch.equal(dense[row, a * DH:(a + 1) * DH], w[row])
+                assert dense[row].count_nonzero() == DH
+    assert dense_weight_hh("lstm", w, 1) is w
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0, "2"])
+def test_bad_num_heads_are_refused_in_one_line(bad):
+    p = layer_args(CELLS["gru"], 2, 2, 3, 4)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        rnn_layer("gru", p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], num_heads=bad)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        fused.GRU(3, 4, num_heads=bad)
+
+
+def test_weights_of_the_wrong_shape_for_the_heads_are_refused():
+    p = layer_args(CELLS["lstm"], 2, 2, 3, 4)  # a dense (16, 4) weight_hh given with 2 heads
+    with pytest.raises(ValueError, match=r"num_heads=2, expected weight_hh of shape \(4 \* hidden_size, hidden_size / 2\)"):
+        rnn_layer("lstm", p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"], num_heads=2)
+    with pytest.raises(ValueError, match=r"hidden_size \(10\) must be a multiple of num_heads \(4\)"):
+        fused.LSTM(3, 10, num_heads=4)
+    with pytest.raises(ValueError, match=r"hidden_size \(10\) must be a multiple of num_heads \(4\)"):
+        fused.LSTMCell(3, 10, num_heads=4)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_modules_hold_the_blocks_and_run_on_every_backend(name):
+    """Parameters (G H, H / NH); 2 layers, bidirectional, batch_first: the same outputs on python, cpp (and torch
+    where PyTorch has the cell) from one state dict, and the repr says num_heads."""
+    spec = CELLS[name]
+    torch.manual_seed(0)
+    layers = fused.recurrent_layers(name, 5, 8, num_layers=2, bidirectional=True, batch_first=True, num_heads=4,
+                                    backend="python", dtype=torch.float64)
+    assert layers.weight_hh_l1_reverse.shape == (spec.num_gates * 8, 2)
+    assert layers.weight_ih_l1.shape == (spec.num_gates * 8, 16)
+    assert "num_heads=4" in repr(layers)
+    x = torch.randn(3, 7, 5, dtype=torch.float64)
+    want, _ = layers(x)
+    for backend in ("cpp", "torch") if spec.has_torch else ("cpp",):
+        layers.backend = backend
+        got, _ = layers(x)
+        assert_close(got, want, **F64)
+    cell = fused.RecurrentCell.for_cell(name, 5, 8, num_heads=2, dtype=torch.float64)
+    assert cell.weight_hh.shape == (spec.num_gates * 8, 4) and "num_heads=2" in repr(cell)
+
+
+def test_weight_drop_drops_the_blocks():
+    torch.manual_seed(0)
+    layers = fused.LSTM(3, 8, num_heads=2, weight_drop=0.5, backend="cpp", dtype=torch.float64).train()
+    x = torch.randn(4, 2, 3, dtype=torch.float64)
+    a, _ = layers(x)
+    b, _ = layers(x)
+    assert not torch.equal(a, b)  # a fresh mask of the blocks each call
+    layers.eval()
+    assert torch.equal(layers(x)[0], layers(x)[0])
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+def test_the_model_layer_takes_num_heads_on_the_fused_and_torch_backends(backend):
+    layer = recurrent_layer("lstm", 5, 12, num_layers=1, backend=backend, forget_bias=1.0, num_heads=3)
+    assert isinstance(layer, fused.LSTM) and layer.num_heads == 3 and layer.backend == backend
+    assert layer.weight_hh_l0.shape == (48, 4)
+    assert torch.equal(layer.bias_ih_l0[12:24], torch.ones(12))
+    with pytest.raises(ValueError, match="must be a multiple of num_heads"):
+        recurrent_layer("gru", 5, 10, backend=backend, num_heads=4)
+
+
+def test_model_num_heads_trains_and_its_checkpoint_loads(tmp_path):
+    """``model.num_heads=2`` through the config: the task's layer has the heads, training takes steps, and the best
+    checkpoint restores the blocks."""
+    from helpers import ADDING, make_cfg
+
+    from lltm_train.train import build, train
+
+    overrides = [*ADDING, "model.cell=lstm", "model.num_heads=2", "trainer.max_steps=4", "backend=cpp"]
+    built = build(make_cfg(tmp_path / "b", *overrides)).task
+    assert built.net.rnn.num_heads == 2
+    metrics = train(make_cfg(tmp_path, *overrides))
+    assert torch.isfinite(torch.tensor(metrics["val/loss"]))
+    best = next(tmp_path.rglob("best-*.ckpt"))
+    task = type(built).load_from_checkpoint(best, map_location="cpu")
+    assert task.net.rnn.num_heads == 2 and task.net.rnn.weight_hh_l0.shape == (32, 4)
+    with pytest.raises(Exception, match="multiple of num_heads"):
+        build(make_cfg(tmp_path / "c", *ADDING, "model.num_heads=3"))
+
+
+@pytest.mark.parametrize("name, function", [("lstm", "lstm"), ("rnn", "elman")])
+def test_flashrnn_s_heads_are_ours_reshaped(name, function):
+    """Where FlashRNN (NX-AI) is installed: its multi-head layer (the vanilla PyTorch loop) equals ours with
+    ``weight_hh = R.reshape(G * H, DH)``, ``bias_ih = b.reshape(G * H)`` and the identity as the input weight
+    (FlashRNN takes the input projection as given). A FlashRNN user's weights load as they are."""
+    pytest.importorskip("flashrnn", reason="FlashRNN is optional (pip install flashrnn); not a dependency")
+    from flashrnn import flashrnn
+
+    spec = CELLS[name]
+    B, T, NH, DH, G = 2, 6, 3, 4, spec.num_gates
+    H = NH * DH
+    f64 = dict(dtype=torch.float64)
+    wx = torch.randn(B, T, G, NH, DH, **f64)
+    r = torch.randn(G, NH, DH, DH, **f64) * DH**-0.5
+    b = torch.randn(G, NH, DH, **f64) * 0.1
+    h, _ = flashrnn(wx, r, b, function=function, backend="vanilla", dtype="float64")
+    theirs = h[0].permute(1, 0, 2, 3).reshape(T, B, H)  # (T, B, H), h_1 .. h_T
+    x = wx.permute(1, 0, 2, 3, 4).reshape(T, B, G * H)
+    ours, _ = rnn_layer(name, x, None, torch.eye(G * H, **f64), r.reshape(G * H, DH), b.reshape(G * H),
+                        torch.zeros(G * H, **f64), backend="cpp", num_heads=NH)
+    assert_close(ours, theirs, **F64)
