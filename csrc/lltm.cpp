@@ -85,21 +85,24 @@ std::string op_name(bool backward) {
 }
 
 // The inputs every op takes (the forward's, or the backward's copies of them): dtype, shapes, devices.
+// weight_hh: (G H, H), or with num_heads > 1 the heads' blocks (G H, H / num_heads) (lltm.h).
 template <typename Cell>
 Sizes check_inputs(const std::string& op, const Tensor& input, const Tensor& h0, const Tensor& weight_ih,
-                   const Tensor& weight_hh) {
+                   const Tensor& weight_hh, int64_t num_heads) {
   constexpr int G = Cell::kGates;
   const std::string gates = std::to_string(G) + " * hidden_size";
+  TORCH_CHECK(num_heads >= 1, op + ": num_heads must be at least 1, got " + std::to_string(num_heads));
+  const std::string columns = num_heads == 1 ? "hidden_size" : "hidden_size / " + std::to_string(num_heads);
   const auto dtype = input.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
               op + ": expected a floating-point input (float16, bfloat16, float32 or float64), got " +
                   c10::toString(input.scalar_type()));
   TORCH_CHECK(input.dim() == 3, op + ": expected input of shape (T, B, input_size), got " + shape_str(input.sizes()));
   TORCH_CHECK(weight_hh.dim() == 2 && weight_hh.size(0) % G == 0,
-              op + ": expected weight_hh of shape (" + gates + ", hidden_size), got " + shape_str(weight_hh.sizes()));
-  const Sizes s{input.size(0), input.size(1), input.size(2), weight_hh.size(1)};
+              op + ": expected weight_hh of shape (" + gates + ", " + columns + "), got " + shape_str(weight_hh.sizes()));
+  const Sizes s{input.size(0), input.size(1), input.size(2), weight_hh.size(1) * num_heads};
   TORCH_CHECK(s.T >= 1, op + ": expected a sequence of length T >= 1, got T = 0");
-  check_shape(op, "weight_hh", weight_hh, {G * s.H, s.H}, "(" + gates + ", hidden_size)");
+  check_shape(op, "weight_hh", weight_hh, {G * s.H, s.H / num_heads}, "(" + gates + ", " + columns + ")");
   check_shape(op, "weight_ih", weight_ih, {G * s.H, s.I}, "(" + gates + ", input_size)");
   check_shape(op, "h0", h0, {s.B, s.H}, "(B, hidden_size)");
   check_like(op, "weight_ih", weight_ih, input);
@@ -169,6 +172,20 @@ Tensor optional_grad(const std::string& op, const char* name, const OptTensor& t
   return t.has_value() && t->defined() ? checked(op, name, *t, expected, ref) : Tensor();
 }
 
+// The dense (G H, H) recurrent matrix of the heads' blocks (G H, DH): zero off the diagonal blocks.
+Tensor dense_heads(const Tensor& blocks, int64_t G, int64_t num_heads) {
+  const int64_t DH = blocks.size(1), H = DH * num_heads;
+  Tensor dense = at::zeros({G, num_heads, DH, num_heads, DH}, blocks.options());
+  dense.diagonal(0, 1, 3).copy_(blocks.view({G, num_heads, DH, DH}).permute({0, 2, 3, 1}));
+  return dense.view({G * H, H});
+}
+
+// The heads' blocks (G H, DH) of a dense (G H, H) matrix: its diagonal blocks (a weight gradient's).
+Tensor diagonal_blocks(const Tensor& dense, int64_t G, int64_t num_heads) {
+  const int64_t H = dense.size(1), DH = H / num_heads;
+  return dense.reshape({G, num_heads, DH, num_heads, DH}).diagonal(0, 1, 3).permute({0, 3, 1, 2}).reshape({G * H, DH});
+}
+
 // The bias of the input projection: b_ih, plus b_hh where its sum with b_ih is plain (every gate but a
 // split one, whose h-side bias b_hn goes to the recurrence).
 template <typename Cell>
@@ -185,7 +202,7 @@ template <typename Cell>
 LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   constexpr int G = Cell::kGates;
   const std::string op = op_name<Cell>(false);
-  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
+  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh, a.num_heads);
   if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
   check_bias(op, Schema<Cell>::bias_name(), a.bias_ih, G * s.H, G, a.input);
   check_bias(op, "bias_hh", a.bias_hh, G * s.H, G, a.input);
@@ -201,7 +218,9 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   f.gates = gates;
   if (Cell::kSplit && a.bias_hh.has_value()) f.bias_hn = a.bias_hh->narrow(0, (G - 1) * s.H, s.H).contiguous();
   f.h0 = a.h0.contiguous();
-  f.weight_hh = a.weight_hh.contiguous();
+  const bool blocks = a.num_heads > 1 && r.heads;  // the recurrence takes the heads' blocks, else the dense matrix
+  f.weight_hh = a.num_heads > 1 && !r.heads ? dense_heads(a.weight_hh, G, a.num_heads) : a.weight_hh.contiguous();
+  f.num_heads = blocks ? a.num_heads : 1;
   f.lengths = lens;
   f.zoneout = zoneout;
   f.output = at::empty({s.T, s.B, s.H}, opts);
@@ -222,7 +241,7 @@ template <typename Cell>
 LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
   const std::string op = op_name<Cell>(true);
-  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh);
+  const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh, a.num_heads);
   if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
   const int64_t T = s.T, B = s.B, H = s.H, I = s.I;
   const auto opts = a.input.options();
@@ -235,7 +254,9 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   check_saved(op, a.activations, a.cells, Cell::kHasCell);
   b.activations = checked(op, "activations", a.activations, {T, B, Cell::kSaved * H}, a.input);
   b.h0 = a.h0.contiguous();
-  b.weight_hh = a.weight_hh.contiguous();
+  const bool blocks = a.num_heads > 1 && r.heads;
+  b.weight_hh = a.num_heads > 1 && !r.heads ? dense_heads(a.weight_hh, G, a.num_heads) : a.weight_hh.contiguous();
+  b.num_heads = blocks ? a.num_heads : 1;
   b.grad_gates = at::empty({T, B, GB * H}, opts);
   b.grad_h0 = at::empty({B, H}, opts);
   if constexpr (Cell::kHasCell) {
@@ -280,6 +301,8 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     }
     g.weight_hh = grad_weight_hh;
   }
+  // With heads, the dense gradient's diagonal blocks (its off-diagonal blocks are of weights that do not exist).
+  if (a.num_heads > 1) g.weight_hh = diagonal_blocks(g.weight_hh, G, a.num_heads);
   g.h0 = b.grad_h0;
   g.c0 = b.grad_c0;
   if constexpr (Cell::kSplit) {

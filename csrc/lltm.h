@@ -18,6 +18,12 @@
 // Under zoneout `cells` holds the c state after zoneout, and the backward recomputes the cell's own c from the
 // saved activations and c_{t-1} (so every cell with a c state passes c0 to its backward).
 //
+// Heads: `num_heads` NH >= 1 splits the recurrence into NH independent heads of DH = H / NH units, a
+// block-diagonal recurrent matrix of which `weight_hh` (G H, DH) holds the blocks: row g H + a DH + j (gate g,
+// unit a DH + j), column k (unit a DH + k of the step before). NH = 1 is torch.nn's (G H, H). A recurrence that
+// runs heads natively (Recurrence::heads) gets the blocks; the others get the dense matrix they stand for. The
+// weight gradient is the dense one's diagonal blocks either way.
+//
 // save=False (the forward under torch.no_grad or inference mode, for sampling and evaluation, as haste's
 // `Training` flag): nothing is kept for a backward. `cells` and the activations that are not the `gates`
 // buffer itself hold one step, (1, B, .), which every step overwrites (see step_stride), and the op returns
@@ -45,7 +51,8 @@ struct ForwardTensors {
   Tensor gates;        // (In, B, G H): the x-side pre-activations (all biases folded in but b_hn)
   Tensor bias_hn;      // (H,): the split gate's h-side bias, or undefined
   Tensor h0, c0;       // (B, H); c0 undefined for a cell without a c state
-  Tensor weight_hh;    // (G H, H)
+  Tensor weight_hh;    // (G H, H), or the heads' blocks (G H, H / num_heads) when num_heads > 1
+  int64_t num_heads = 1;
   Tensor lengths;      // (B,) int64 (on the CPU; a CUDA recurrence moves it), or undefined
   Tensor zoneout;      // (In, B, S H), or undefined
   Tensor output;       // written (In, B, H): h_1..h_T, zero past a row's length
@@ -60,6 +67,7 @@ struct BackwardTensors {
   Tensor activations, cells, output;       // as the forward wrote them
   Tensor h0, c0, weight_hh, lengths;       // as the forward had them (c0: cells with a c state)
   Tensor zoneout;                          // as the forward had it
+  int64_t num_heads = 1;                   // as the forward's (weight_hh: its blocks when > 1)
   Tensor grad_gates;                       // written (In, B, kGradBlocks H): zero at finished rows' steps
   Tensor grad_h0, grad_c0;                 // written (B, H); grad_c0 undefined without a c state
   // Optional (a CPU loop writes them where defined): the weight gradients' left operands transposed,
@@ -74,6 +82,7 @@ inline int64_t step_stride(const Tensor& t) { return t.defined() && t.size(0) > 
 struct Recurrence {
   void (*forward)(const ForwardTensors&);
   void (*backward)(const BackwardTensors&);
+  bool heads = false;  // takes the heads' blocks (num_heads > 1); otherwise it is given the dense matrix
 };
 
 // The ops' arguments and results in one form for every cell; what a cell lacks (c0, bias_hh, ...) is
@@ -83,6 +92,7 @@ struct LayerInputs {
   OptTensor bias_ih, bias_hh, lengths;
   bool save = true;  // keep what the backward needs (see save=False above)
   OptTensor zoneout;
+  int64_t num_heads = 1;
 };
 struct LayerOutputs {
   Tensor output, h_n, c_n, cells, activations;
@@ -91,6 +101,7 @@ struct LayerGradInputs {
   OptTensor grad_output, grad_h_n, grad_c_n;
   Tensor input, h0, c0, weight_ih, weight_hh, output, cells, activations;
   OptTensor lengths, zoneout;
+  int64_t num_heads = 1;
 };
 struct LayerGrads {
   Tensor input, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh;
@@ -104,10 +115,10 @@ template <typename Cell>
 LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
 
 // A cell's two op schemas, from its trait (the ops' arguments in this order):
-//   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True, zoneout=None)
+//   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True, zoneout=None, num_heads=1)
 //            -> (output, h_n, [c_n, cells], activations)
 //   backward (grad_output, grad_h_n, [grad_c_n], input, h0, [c0], weight_ih, weight_hh, output, [cells],
-//             activations, lengths, zoneout=None)
+//             activations, lengths, zoneout=None, num_heads=1)
 //            -> (grad_input, grad_h0, [grad_c0], grad_weight_ih, grad_weight_hh, grad_biases)
 // [c0, c_n, cells, grad_c_n, grad_c0]: cells with a c state; biases: `bias` (kBiases = 1) or `bias_ih, bias_hh`.
 template <typename Cell>
@@ -118,14 +129,16 @@ struct Schema {
   static std::string forward() {
     const std::string c = Cell::kHasCell ? "Tensor c0, " : "";
     return forward_name() + "(Tensor input, Tensor h0, " + c + "Tensor weight_ih, Tensor weight_hh, " +
-           biases_list("Tensor? ", "") + ", Tensor? lengths, bool save=True, Tensor? zoneout=None) -> (Tensor output, Tensor h_n, " +
+           biases_list("Tensor? ", "") +
+           ", Tensor? lengths, bool save=True, Tensor? zoneout=None, int num_heads=1) -> (Tensor output, Tensor h_n, " +
            (Cell::kHasCell ? "Tensor c_n, Tensor cells, " : "") + "Tensor activations)";
   }
   static std::string backward() {
     return backward_name() + "(Tensor? grad_output, Tensor? grad_h_n, " + (Cell::kHasCell ? "Tensor? grad_c_n, " : "") +
            "Tensor input, Tensor h0, " + (Cell::kHasCell ? "Tensor c0, " : "") +
            "Tensor weight_ih, Tensor weight_hh, Tensor output, " + (Cell::kHasCell ? "Tensor cells, " : "") +
-           "Tensor activations, Tensor? lengths, Tensor? zoneout=None) -> (Tensor grad_input, Tensor grad_h0, " +
+           "Tensor activations, Tensor? lengths, Tensor? zoneout=None, int num_heads=1) -> (Tensor grad_input, "
+           "Tensor grad_h0, " +
            (Cell::kHasCell ? "Tensor grad_c0, " : "") + "Tensor grad_weight_ih, Tensor grad_weight_hh, " +
            biases_list("Tensor ", "grad_") + ")";
   }
@@ -146,7 +159,7 @@ struct ForwardArgs {
     if constexpr (Cell::kHasCell) f(a.c0);
     f(a.weight_ih), f(a.weight_hh), f(a.bias_ih);
     if constexpr (Cell::kBiases == 2) f(a.bias_hh);
-    f(a.lengths), f(a.save), f(a.zoneout);
+    f(a.lengths), f(a.save), f(a.zoneout), f(a.num_heads);
   }
 };
 
@@ -170,7 +183,7 @@ struct BackwardArgs {
     if constexpr (Cell::kHasCell) f(a.c0);
     f(a.weight_ih), f(a.weight_hh), f(a.output);
     if constexpr (Cell::kHasCell) f(a.cells);
-    f(a.activations), f(a.lengths), f(a.zoneout);
+    f(a.activations), f(a.lengths), f(a.zoneout), f(a.num_heads);
   }
 };
 
@@ -188,6 +201,7 @@ struct BackwardResults {
 inline void assign(Tensor& field, const c10::IValue& v) { field = v.toTensor(); }
 inline void assign(OptTensor& field, const c10::IValue& v) { field = v.toOptional<Tensor>(); }
 inline void assign(bool& field, const c10::IValue& v) { field = v.toBool(); }
+inline void assign(int64_t& field, const c10::IValue& v) { field = v.toInt(); }
 
 // Pushes the fields of `value` that `visit` names onto a boxed stack.
 template <typename T, typename Visit>

@@ -60,11 +60,11 @@ struct LayerBackward : public torch::autograd::Function<LayerBackward<Cell>> {
                                const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0, const OptTensor& c0,
                                const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& output,
                                const OptTensor& cells, const Tensor& activations, const OptTensor& lengths,
-                               const OptTensor& zoneout) {
+                               const OptTensor& zoneout, int64_t num_heads) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerGrads g = call_backward<Cell>({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
                                                    weight_ih, weight_hh, output, cells.value_or(Tensor()), activations,
-                                                   lengths, zoneout});
+                                                   lengths, zoneout, num_heads});
     return pack<Cell>(g);
   }
 
@@ -79,15 +79,17 @@ template <typename Cell>
 struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& h0, const OptTensor& c0,
                                const Tensor& weight_ih, const Tensor& weight_hh, const OptTensor& bias_ih,
-                               const OptTensor& bias_hh, const OptTensor& lengths, const OptTensor& zoneout) {
+                               const OptTensor& bias_hh, const OptTensor& lengths, const OptTensor& zoneout,
+                               int64_t num_heads) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerOutputs r = call_forward<Cell>(
-        {input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths, true, zoneout});
+        {input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths, true, zoneout, num_heads});
     ctx->save_for_backward({input, h0, Cell::kHasCell ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
                             r.activations, zoneout.value_or(Tensor())});
     ctx->saved_data["has_bias_ih"] = bias_ih.has_value();
     ctx->saved_data["has_bias_hh"] = bias_hh.has_value();
     ctx->saved_data["lengths"] = lengths.has_value() ? c10::IValue(*lengths) : c10::IValue();
+    ctx->saved_data["num_heads"] = num_heads;
     ctx->mark_non_differentiable(Cell::kHasCell ? variable_list{r.cells, r.activations} : variable_list{r.activations});
     ctx->set_materialize_grads(false);  // unused outputs get no gradient work (and no zero-filled buffers)
     return pack<Cell>(r);
@@ -101,7 +103,7 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
     const LayerGrads g = unpack_grads<Cell>(
         LayerBackward<Cell>::apply(defined_or_none(grads[0]), defined_or_none(grads[1]), grad_c_n, s[0], s[1],
                                    defined_or_none(s[2]), s[3], s[4], s[5], defined_or_none(s[6]), s[7], lengths,
-                                   defined_or_none(s[8])));
+                                   defined_or_none(s[8]), ctx->saved_data["num_heads"].toInt()));
     return {g.input,
             g.h0,
             g.c0,
@@ -110,7 +112,8 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
             ctx->saved_data["has_bias_ih"].toBool() ? g.bias_ih : Tensor(),
             ctx->saved_data["has_bias_hh"].toBool() ? g.bias_hh : Tensor(),
             Tensor(),    // lengths
-            Tensor()};   // zoneout: the factors get no gradient
+            Tensor(),    // zoneout: the factors get no gradient
+            Tensor()};   // num_heads
   }
 };
 
@@ -133,7 +136,8 @@ LayerOutputs autograd_forward(const LayerInputs& a) {
     return call_forward<Cell>(a);
   }
   return unpack_outputs<Cell>(LayerForward<Cell>::apply(a.input, a.h0, defined_or_none(a.c0), a.weight_ih,
-                                                         a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.zoneout));
+                                                         a.weight_hh, a.bias_ih, a.bias_hh, a.lengths, a.zoneout,
+                                                         a.num_heads));
 }
 
 template <typename Cell>
@@ -141,7 +145,7 @@ LayerGrads autograd_backward(const LayerGradInputs& a) {
   return unpack_grads<Cell>(LayerBackward<Cell>::apply(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0,
                                                         defined_or_none(a.c0), a.weight_ih, a.weight_hh, a.output,
                                                         defined_or_none(a.cells), a.activations, a.lengths,
-                                                        a.zoneout));
+                                                        a.zoneout, a.num_heads));
 }
 
 template <typename Cell>

@@ -304,6 +304,31 @@ void put_transposed(const scalar_t* src, int64_t rows, int64_t n, scalar_t* dst,
   }
 }
 
+// With heads (lltm.h), one step's product per gate and head, over the DH units of the head: h_{t-1}'s
+// columns [a DH, a DH + DH) times the (DH, DH) block of gate g and head a, into gh's columns g H + a DH ...
+// (forward), and the gate gradients' columns g H + a DH ... times the block into dh's columns a DH ...
+// (backward, accumulating over the gates). `blocks` holds each block as the product's right operand, (K, N)
+// row-major: in the forward W_ga^T (block (g, a) at (g NH + a) DH DH), in the backward W_ga itself.
+template <typename scalar_t>
+void heads_forward_gemm(int64_t rows, int64_t G, int64_t NH, int64_t DH, const scalar_t* h_prev, const scalar_t* blocks,
+                        scalar_t* gh) {
+  const int64_t H = NH * DH;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t a = 0; a < NH; ++a)
+      rows_gemm<scalar_t>(rows, DH, DH, h_prev + a * DH, H, blocks + (g * NH + a) * DH * DH, DH, gh + g * H + a * DH,
+                          G * H, false);
+}
+
+template <typename scalar_t>
+void heads_backward_gemm(int64_t rows, int64_t G, int64_t NH, int64_t DH, const scalar_t* dg, int64_t ldg,
+                         const scalar_t* blocks, scalar_t* dh) {
+  const int64_t H = NH * DH;
+  for (int64_t a = 0; a < NH; ++a)
+    for (int64_t g = 0; g < G; ++g)
+      rows_gemm<scalar_t>(rows, DH, DH, dg + g * H + a * DH, ldg, blocks + (g * NH + a) * DH * DH, DH, dh + a * DH, H,
+                          true);
+}
+
 // Rows per thread: one block per thread, but at least 4 rows (thinner blocks are all call overhead).
 int64_t grain_rows(int64_t B) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -320,10 +345,13 @@ void forward(const ForwardTensors& f) {
   constexpr int G = Cell::kGates, A = Cell::kSaved, S = Cell::kHasCell ? 2 : 1;
   const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
   const int64_t* lens = ptr<int64_t>(f.lengths);
+  const int64_t NH = f.num_heads, DH = H / NH;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
     const scalar_t* zone = ptr<scalar_t>(f.zoneout);
     const int64_t width = panel_width<scalar_t>(G * H);
-    const at::Tensor w_t = panels<scalar_t>(f.weight_hh.t(), width);  // h W_hh^T's right operand, (H, G H)
+    // h W_hh^T's right operand: (H, G H) in panels, or each head's block transposed
+    const at::Tensor w_t = NH > 1 ? f.weight_hh.view({G, NH, DH, DH}).transpose(2, 3).contiguous()
+                                  : panels<scalar_t>(f.weight_hh.t(), width);
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
       scalar_t* out = f.output.data_ptr<scalar_t>();
@@ -335,8 +363,12 @@ void forward(const ForwardTensors& f) {
         const int64_t off = (t * B + b0) * H, c_off = t * cell_step + b0 * H;
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
         // single-threaded inside this parallel region
-        rows_gemm_panels<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), width, gh.data_ptr<scalar_t>(),
-                                   G * H, false);
+        if (NH > 1) {
+          heads_forward_gemm<scalar_t>(rows, G, NH, DH, h_prev, w_t.data_ptr<scalar_t>(), gh.data_ptr<scalar_t>());
+        } else {
+          rows_gemm_panels<scalar_t>(rows, G * H, H, h_prev, H, w_t.data_ptr<scalar_t>(), width,
+                                     gh.data_ptr<scalar_t>(), G * H, false);
+        }
         const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
                                       gh.data_ptr<scalar_t>(),
                                       ptr<scalar_t>(f.bias_hn),
@@ -371,12 +403,14 @@ void backward(const BackwardTensors& g) {
   constexpr int G = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks, S = Cell::kHasCell ? 2 : 1;
   const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
   const int64_t* lens = ptr<int64_t>(g.lengths);
+  const int64_t NH = g.num_heads, DH = H / NH;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* zone = ptr<scalar_t>(g.zoneout);
     const bool c_prev = Cell::kHasCell && (Cell::kNeedsCPrev || zone);  // the backward reads c_{t-1}
     const int64_t width = panel_width<scalar_t>(H);
-    const at::Tensor w = panels<scalar_t>(g.weight_hh, width);  // dg_h W_hh's right operand, (G H, H)
+    // dg_h W_hh's right operand: (G H, H) in panels, or the heads' blocks as they are
+    const at::Tensor w = NH > 1 ? g.weight_hh.contiguous() : panels<scalar_t>(g.weight_hh, width);
     at::parallel_for(0, B, grain_rows(B), [&](int64_t b0, int64_t b1) {
       const int64_t rows = b1 - b0;
       scalar_t* out = g.output.data_ptr<scalar_t>();
@@ -422,8 +456,13 @@ void backward(const BackwardTensors& g) {
           put_transposed(ptr<scalar_t>(g.input) + col * I, rows, I, ptr<scalar_t>(g.input_t), T * B, col, p.lengths, t);
         }
         // dh += dg_h W_hh (the h-side gate gradients: the first G blocks of each row)
-        rows_gemm_panels<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H, w.data_ptr<scalar_t>(),
-                                   width, dh, H, true);
+        if (NH > 1) {
+          heads_backward_gemm<scalar_t>(rows, G, NH, DH, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H,
+                                        w.data_ptr<scalar_t>(), dh);
+        } else {
+          rows_gemm_panels<scalar_t>(rows, H, G * H, g.grad_gates.data_ptr<scalar_t>() + GB * off, GB * H,
+                                     w.data_ptr<scalar_t>(), width, dh, H, true);
+        }
       }
       if (Cell::kHasCell) std::copy_n(dc.begin(), rows * H, g.grad_c0.data_ptr<scalar_t>() + b0 * H);
     });
@@ -431,7 +470,7 @@ void backward(const BackwardTensors& g) {
 }
 
 template <typename Cell>
-const Recurrence kCpu{forward<Cell>, backward<Cell>};
+const Recurrence kCpu{forward<Cell>, backward<Cell>, /*heads=*/true};
 
 }  // namespace
 }  // namespace lltm

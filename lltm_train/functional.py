@@ -43,9 +43,10 @@ def _autocast(device_type: str, tensors: tuple) -> tuple:
     return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)
 
 
-def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple, batch_dim: int) -> tuple[Tensor, ...]:
+def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple, batch_dim: int,
+                    num_heads: int = 1) -> tuple[Tensor, ...]:
     """The initial state (h_0, c_0) or (h_0,) from ``hx`` (a tuple of them), or zeros when it is None; checks
-    first that ``biases`` has the cell's number of bias arguments."""
+    first that ``biases`` has the cell's number of bias arguments. ``weight_hh``: (G H, H / num_heads)."""
     if len(biases) != len(spec.biases):
         raise TypeError(f"{op}: takes {len(spec.biases)} bias argument(s) ({', '.join(spec.biases)}), got {len(biases)}")
     for name, t in (("input", input), ("weight_hh", weight_hh)):
@@ -57,7 +58,7 @@ def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple
                              f"{tuple(weight_hh.shape)}")
         if input.dim() <= batch_dim:
             raise ValueError(f"{op}: expected input with a batch dimension at {batch_dim}, got {tuple(input.shape)}")
-        zeros = input.new_zeros(input.shape[batch_dim], weight_hh.shape[-1])
+        zeros = input.new_zeros(input.shape[batch_dim], weight_hh.shape[-1] * num_heads)
         return (zeros,) * len(spec.states)
     if not isinstance(hx, (tuple, list)) or len(hx) != len(spec.states):
         want = "a tuple (h, c) of two tensors" if spec.has_cell_state else "a tensor h"
@@ -186,7 +187,7 @@ def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: T
 
 
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend,
-           zoneout=None):
+           zoneout=None, num_heads=1):
     tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
     input, states, (weight_ih, weight_hh), biases = tensors[0], tensors[1:1 + len(states)], \
         tensors[1 + len(states):3 + len(states)], tensors[3 + len(states):]
@@ -195,13 +196,15 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
     if lengths is not None:
         _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
     chosen = resolve_backend(backend, input.device.type, spec.name)
-    zoned = () if zoneout is None else (zoneout,)  # (absent from the call when None: exported programs unchanged)
-    if _uses_compiled(op, chosen, tensors):
+    # (zoneout and num_heads absent from the call at their defaults: exported programs unchanged)
+    extra = () if zoneout is None and num_heads == 1 else (zoneout,) + (() if num_heads == 1 else (num_heads,))
+    if _uses_compiled(op, chosen, tensors):  # the kernels take the heads' blocks (csrc/lltm.h)
         # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
-            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors), *zoned)
+            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors), *extra)
         except (RuntimeError, TypeError) as exc:
+            weight_hh = _dense_weight_hh(op, spec, weight_hh, num_heads)
             _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
             if zoneout is not None:
                 _check_zoneout(op, spec, zoneout, input, weight_hh, chosen)
@@ -211,6 +214,7 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
                                           "(torch.vmap works)") from exc
             raise
         return result[0], tuple(result[1:1 + len(states)])
+    weight_hh = _dense_weight_hh(op, spec, weight_hh, num_heads)  # python and torch: the dense matrix
     _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
     if zoneout is not None:
         _check_zoneout(op, spec, zoneout, input, weight_hh, chosen)
@@ -241,9 +245,13 @@ def dense_weight_hh(cell: str | CellSpec, weight_hh: Tensor, num_heads: int) -> 
     return _dense_weight_hh(f"{spec.name}_layer", spec, weight_hh, num_heads)
 
 
-def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+def _check_num_heads(op: str, num_heads) -> None:
     if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
         raise ValueError(f"{op}: num_heads must be a positive integer, got {num_heads!r}")
+
+
+def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+    _check_num_heads(op, num_heads)
     if num_heads == 1:
         return weight_hh
     if not isinstance(weight_hh, Tensor):
@@ -273,14 +281,15 @@ def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None
     get no gradient. Not with ``backend="torch"`` (ValueError).
 
     ``num_heads``: the recurrence in NH independent heads, ``weight_hh`` (G * hidden_size, hidden_size / NH) in
-    the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. (The kernels run the
-    heads' block-diagonal matrix as a dense one for now: a head costs what the whole width costs.)"""
+    the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. The ``cpp`` kernels run each
+    head's (DH, DH) blocks; ``cuda``, ``python`` and ``torch`` the dense block-diagonal matrix for now (a head
+    costs there what the whole width costs)."""
     cell = cell_spec(cell)
     name = f"{cell.name}_layer"
-    weight_hh = _dense_weight_hh(name, cell, weight_hh, num_heads)
-    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1)
+    _check_num_heads(name, num_heads)
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1, num_heads)
     return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend,
-                  zoneout)
+                  zoneout, num_heads)
 
 
 def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None, weight_ih: Tensor,
@@ -289,13 +298,13 @@ def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None,
     :func:`rnn_layer`."""
     cell = cell_spec(cell)
     name = f"{cell.name}_cell"
-    weight_hh = _dense_weight_hh(name, cell, weight_hh, num_heads)
-    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0)
+    _check_num_heads(name, num_heads)
+    states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0, num_heads)
     if not isinstance(input, Tensor) or input.dim() != 2:
         got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
         raise ValueError(f"{name}: expected input of shape (B, input_size), got {got}")
     _, state = _layer(cell, name, "(B, input_size)", input.unsqueeze(0), states, weight_ih, weight_hh, biases, None,
-                      backend)
+                      backend, num_heads=num_heads)
     return state
 
 

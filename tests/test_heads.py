@@ -221,3 +221,40 @@ def test_flashrnn_s_heads_are_ours_reshaped(name, function):
     ours, _ = rnn_layer(name, x, None, torch.eye(G * H, **f64), r.reshape(G * H, DH), b.reshape(G * H),
                         torch.zeros(G * H, **f64), backend="cpp", num_heads=NH)
     assert_close(ours, theirs, **F64)
+
+
+def test_compile_fullgraph_with_heads_and_zoneout_matches_eager():
+    """torch.compile(fullgraph=True) of a 2-layer, 2-head LSTM with zoneout in evaluation (the expectation,
+    deterministic): one graph, the eager module's outputs and gradients of the heads' blocks."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = fused.LSTM(5, 8, num_layers=2, num_heads=2, zoneout=[0.3, 0.1], backend="cpp").eval()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(6, 3, 5)
+    (out, (h, c)), (out_ref, (h_ref, c_ref)) = compiled(x), model(x)
+    for a, b in ((out, out_ref), (h, h_ref), (c, c_ref)):
+        assert_close(a, b)
+    grads = torch.autograd.grad(out.sum() + c.sum(), model.weight_hh_l1)
+    grads_ref = torch.autograd.grad(out_ref.sum() + c_ref.sum(), model.weight_hh_l1)
+    assert grads[0].shape == (32, 4)
+    assert_close(grads[0], grads_ref[0])
+
+
+@pytest.mark.parametrize("device_backend", DEVICE_BACKENDS)
+def test_opcheck_both_ops_with_heads(device_backend, cell):
+    """torch.library.opcheck (schema, fake kernels, autograd registration) with num_heads=3, weight_hh the blocks."""
+    device, _ = device_backend
+    p = head_args(cell, 4, 3, 5, 3, 2, device)
+    tensors = (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"])
+    forward = getattr(torch.ops.lltm, cell.forward_op)
+    torch.library.opcheck(forward, (*tensors, None, True, None, 3))
+    out = forward(*tensors, None, True, None, 3)
+    assert out[0].shape == (4, 3, 6)
+    n = len(cell.states)
+    saved = out[n + 1:]  # [cells], activations
+    grads = (torch.randn_like(out[0]), *(torch.randn_like(s) for s in out[1:1 + n]))
+    backward = getattr(torch.ops.lltm, cell.backward_op)
+    c0 = p["states"][1:] if cell.has_cell_state else ()
+    args = (*grads, p["input"], p["states"][0], *c0, p["weight_ih"], p["weight_hh"], out[0], *saved, None, None, 3)
+    torch.library.opcheck(backward, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    assert backward(*args)[1 + n + 1].shape == p["weight_hh"].shape  # grad_weight_hh: the blocks'

@@ -41,12 +41,13 @@ def test_op_schemas_follow_the_spec(name):
     states, c = spec.states, spec.has_cell_state
     forward = getattr(torch.ops.lltm, spec.forward_op).default._schema
     assert _names(forward.arguments) == ["input", *(f"{s}0" for s in states), "weight_ih", "weight_hh", *spec.biases,
-                                         "lengths", "save", "zoneout"]
+                                         "lengths", "save", "zoneout", "num_heads"]
     assert _names(forward.returns) == ["output", *(f"{s}_n" for s in states), *(["cells"] if c else []), "activations"]
     backward = getattr(torch.ops.lltm, spec.backward_op).default._schema
     assert _names(backward.arguments) == ["grad_output", *(f"grad_{s}_n" for s in states), "input", "h0",
                                           *(["c0"] if c else []), "weight_ih", "weight_hh", "output",
-                                          *(["cells"] if c else []), "activations", "lengths", "zoneout"]
+                                          *(["cells"] if c else []), "activations", "lengths", "zoneout",
+                                          "num_heads"]
     assert _names(backward.returns) == ["grad_input", *(f"grad_{s}0" for s in states), "grad_weight_ih",
                                         "grad_weight_hh", *(f"grad_{b}" for b in spec.biases)]
 

@@ -293,8 +293,8 @@ class LLTM(RecurrentLayers):
             xLSTM's multi-head layers; Beck et al. 2024): ``weight_hh_l{k}`` holds the heads' blocks of the
             block-diagonal recurrent matrix, (3H, H / num_heads), in the layout of
             :func:`lltm_train.functional.dense_weight_hh`; the input weights and the biases are as with one head.
-            1 (the default) is ``torch.nn``'s layout. Every backend runs it (the kernels as a dense matrix for
-            now, so a head costs what the whole width costs).
+            1 (the default) is ``torch.nn``'s layout. Every backend runs it (``cpp`` multiplies by the blocks
+            alone; ``cuda`` by the dense block-diagonal matrix for now: :func:`lltm_train.functional.rnn_layer`).
 
     Parameters, for layer k and each direction (``_reverse`` suffix for the backward one):
     ``weight_ih_l{k}`` (3H, input_size or D * H), ``weight_hh_l{k}`` (3H, H), ``bias_l{k}`` (3H), gate order

@@ -7,11 +7,12 @@ the dispatcher sends a call that mixes meta and real tensors here, which would o
 uninitialised outputs. ``lengths`` lives on the CPU whatever the device.
 
 Argument order, for a cell with states S (h, or h and c) and biases P (bias, or bias_ih and bias_hh):
-forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths, save=True, zoneout=None) -> (output, *S_n, [cells],
-activations)``, where save=False (nothing kept for a backward) gives cells and activations of shape (0,);
+forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths, save=True, zoneout=None, num_heads=1) -> (output, *S_n,
+[cells], activations)``, where save=False (nothing kept for a backward) gives cells and activations of shape (0,);
 backward ``(grad_output, *grad_S_n, input, h0, [c0], weight_ih, weight_hh, output, [cells], activations,
-lengths, zoneout=None) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh, *grad_P)`` (c0 and cells for
-the cells with a c state). ``zoneout``: (T, B, len(S) * H) factors, or None (csrc/lltm.h).
+lengths, zoneout=None, num_heads=1) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh, *grad_P)`` (c0 and
+cells for the cells with a c state). ``zoneout``: (T, B, len(S) * H) factors, or None; ``num_heads``: weight_hh
+holds the heads' blocks (G H, H / num_heads) (csrc/lltm.h).
 """
 
 from __future__ import annotations
@@ -38,19 +39,20 @@ def _forward_fake(spec: CellSpec):
     op = f"lltm.{spec.forward_op}"
     n = len(spec.states)
 
-    def fake(input, *args, save=True, zoneout=None):
+    def fake(input, *args, save=True, zoneout=None, num_heads=1):
         states, (weight_ih, weight_hh), rest = args[:n], args[n:n + 2], args[n + 2:n + 3 + len(spec.biases)]
         biases, lengths = rest[:-1], rest[-1]
-        extra = args[n + 3 + len(spec.biases):]  # save and zoneout, when given by position
+        extra = args[n + 3 + len(spec.biases):]  # save, zoneout and num_heads, when given by position
         save = extra[0] if len(extra) > 0 else save
         zoneout = extra[1] if len(extra) > 1 else zoneout
+        num_heads = extra[2] if len(extra) > 2 else num_heads
         _one_device(op, input, *states, weight_ih, weight_hh, *biases, zoneout)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
         torch._check(weight_hh.dim() == 2,
                      lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size)")
         T, B, _ = input.shape
-        H = weight_hh.shape[1]
+        H = weight_hh.shape[1] * num_heads
         torch._check(zoneout is None or tuple(zoneout.shape) == (T, B, n * H),
                      lambda: f"{op}: expected zoneout of shape (T, B, {n} * hidden_size) = {(T, B, n * H)}")
         saved = ((T, B, H), (T, B, spec.saved * H)) if save else ((0,), (0,))  # save=False keeps nothing
@@ -65,14 +67,14 @@ def _backward_fake(spec: CellSpec):
     op = f"lltm.{spec.backward_op}"
     n = len(spec.states)
 
-    def fake(*args, zoneout=None):
+    def fake(*args, zoneout=None, num_heads=1):
         grads, (input, h0), rest = args[:n + 1], args[n + 1:n + 3], args[n + 3:]
         c0 = rest[:n - 1]  # the cells with a c state take c0
         rest = rest[n - 1:]
         saved_count = 2 + n  # output, [cells], activations
         weight_ih, weight_hh, saved, lengths = rest[0], rest[1], rest[2:2 + saved_count - 1], rest[1 + saved_count]
         if len(rest) > 2 + saved_count:
-            zoneout = rest[2 + saved_count]
+            zoneout = rest[2 + saved_count]  # (num_heads, by position after it, changes no shape here)
         _one_device(op, *grads, input, h0, *c0, weight_ih, weight_hh, *saved, zoneout)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
