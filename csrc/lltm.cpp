@@ -8,6 +8,7 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -91,7 +92,8 @@ Sizes check_inputs(const std::string& op, const Tensor& input, const Tensor& h0,
                    const Tensor& weight_hh, int64_t num_heads) {
   constexpr int G = Cell::kGates;
   const std::string gates = std::to_string(G) + " * hidden_size";
-  TORCH_CHECK(num_heads >= 1, op + ": num_heads must be at least 1, got " + std::to_string(num_heads));
+  TORCH_CHECK(num_heads >= 1 && (weight_hh.dim() != 2 || num_heads <= std::max<int64_t>(weight_hh.size(0), 1)),
+              op + ": num_heads must be at least 1 and at most hidden_size, got " + std::to_string(num_heads));
   const std::string columns = num_heads == 1 ? "hidden_size" : "hidden_size / " + std::to_string(num_heads);
   const auto dtype = input.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,

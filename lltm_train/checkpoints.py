@@ -87,6 +87,17 @@ def read_checkpoint(path: Path) -> dict:
     return ckpt
 
 
+def _heads_hint(task: RecurrentTask, ours: dict, theirs: dict) -> str:
+    """"; it has model.num_heads=N" where a recurrent weight of the same rows but another width says so."""
+    heads = task.hparams.get("num_heads", 1)
+    for key, v in ours.items():
+        t = theirs.get(key)
+        if key.rsplit(".", 1)[-1].startswith("weight_hh") and t is not None and t.dim() == v.dim() == 2 \
+                and t.shape[0] == v.shape[0] and 0 < t.shape[1] != v.shape[1] and (v.shape[1] * heads) % t.shape[1] == 0:
+            return f"; its recurrent weights are those of model.num_heads={v.shape[1] * heads // t.shape[1]}, this model's of {heads}"
+    return ""
+
+
 def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -> int:
     """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes), this
     optimiser's state, and data state (a text's vocabulary) that this data module accepts. Returns the
@@ -101,8 +112,9 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     problems += [f"{k} is missing there" for k in ours.keys() - theirs.keys()]
     problems += [f"{k} is not in this model" for k in theirs.keys() - ours.keys()]
     if problems:
-        raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}); resume with "
-                          "the dataset and model settings of the run that wrote it (its .hydra/config.yaml)")
+        raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}"
+                          f"{_heads_hint(task, ours, theirs)}); resume with the dataset and model settings of the run "
+                          "that wrote it (its .hydra/config.yaml)")
     optimizer = task.optimizer_factory(task.parameters())
     saved = ckpt.get("optimizer_states") or [{}]
     saved_keys = set(next(iter(saved[0].get("param_groups", [])), {})) - {"params", "initial_lr"}  # the latter from the lr schedule

@@ -263,10 +263,11 @@ def _sweep_group_settings(argv: list[str]) -> list[str]:
 
 
 def _resumed_run_overrides(argv: list[str]) -> list[str]:
-    """A resume (``hydra.run.dir=DIR ckpt_path=...``) of a run that recorded its command line settings
-    (``DIR/.hydra/overrides.yaml``) starts from them: ``argv`` with those settings put first, so that the
-    ones given now still win. Without this a resume would run with the defaults for every setting not
-    repeated (4,500 steps where the run asked for 300)."""
+    """A resume (``hydra.run.dir=DIR ckpt_path=...``, or ``ckpt_path=DIR/checkpoints/FILE`` alone) of a run that
+    recorded its command line settings (``DIR/.hydra/overrides.yaml``) starts from them: ``argv`` with those
+    settings put first, so that the ones given now still win. Without this a resume would run with the defaults
+    for every setting not repeated (4,500 steps where the run asked for 300; the default cell where the run
+    trained another)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = [a for a in argv[1:] if not a.startswith("-")]
@@ -274,9 +275,16 @@ def _resumed_run_overrides(argv: list[str]) -> list[str]:
         parsed = {o.key_or_group: o for o in OverridesParser.create().parse_overrides(given)}
     except Exception:  # noqa: BLE001 - a bad command line: Hydra reports it
         return argv
-    if "ckpt_path" not in parsed or "hydra.run.dir" not in parsed or "-m" in argv or "--multirun" in argv:
+    if "ckpt_path" not in parsed or "-m" in argv or "--multirun" in argv:
         return argv
-    record = overrides_record(str(parsed["hydra.run.dir"].value()))
+    if "hydra.run.dir" in parsed:
+        run_dir = str(parsed["hydra.run.dir"].value())
+    else:  # a checkpoint file of a run's folder (DIR/checkpoints/FILE): that run's settings, into a new folder
+        ckpt = Path(str(parsed["ckpt_path"].value()))
+        if ckpt.parent.name != "checkpoints":
+            return argv
+        run_dir = str(ckpt.parent.parent)
+    record = overrides_record(run_dir)
     if not record.is_file():
         return argv
     saved = [o for o in OmegaConf.to_container(OmegaConf.load(record))

@@ -4,10 +4,12 @@ test-split metrics): trained models used without training."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from .config import ConfigError
+from .console import NoTips
 from .run_files import config_record, run_dir_of
 
 
@@ -75,6 +77,8 @@ def evaluate_main(argv: list[str] | None = None) -> None:
         for key, value in ckpt.items():  # the data module's saved state (a text's vocabulary)
             if key == type(datamodule).__qualname__ and isinstance(value, dict):
                 datamodule.load_state_dict(value)
+        for handler in logging.getLogger("lightning.pytorch").handlers:  # Lightning's own console handler, here
+            handler.addFilter(NoTips())  # (lltm-train's goes through its logging config, which filters the same)
         trainer = L.Trainer(accelerator="gpu" if str(a.device).startswith("cuda") else "cpu", devices=1, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         run = trainer.test if a.split == "test" else trainer.validate

@@ -125,10 +125,13 @@ def _uses_compiled(op: str, backend: str, tensors: tuple) -> bool:
     return True
 
 
+@torch.compiler.disable  # torch.compile runs PyTorch's RNN kernels eagerly, as it runs torch.nn.LSTM (Inductor
 def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor, weight_hh: Tensor, biases: tuple,
-                 lengths: Tensor | None) -> tuple[Tensor, tuple]:
+                 lengths: Tensor | None) -> tuple[Tensor, tuple]:  # failed on mkldnn_rnn_layer, CPU, torch 2.13)
     """One layer through PyTorch's own kernels for the cell (cuDNN, oneDNN: ``CellSpec.torch_function``), the
     ``torch`` backend."""
+    if input.shape[1] == 0:  # an empty batch (torch's kernels cannot pack one)
+        return input.new_zeros(input.shape[0], 0, weight_hh.shape[-1]), tuple(states)
     b_ih, b_hh = biases
     has_biases = b_ih is not None or b_hh is not None
     params = [weight_ih, weight_hh]
@@ -239,27 +242,44 @@ def dense_weight_hh(cell: str | CellSpec, weight_hh: Tensor, num_heads: int) -> 
     as it is. The result is differentiable (the gradient of ``weight_hh`` is the dense one's diagonal blocks).
 
     Raises:
-        ValueError: num_heads not a positive integer, or ``weight_hh`` not of shape (G * H, H / num_heads).
+        TypeError: ``weight_hh`` not a floating-point tensor.
+        ValueError: num_heads not a positive integer, hidden_size (weight_hh's rows / G) not a multiple of it, or
+            ``weight_hh`` not of shape (G * H, H / num_heads).
     """
     spec = cell_spec(cell)
-    return _dense_weight_hh(f"{spec.name}_layer", spec, weight_hh, num_heads)
+    return _dense_weight_hh("dense_weight_hh", spec, weight_hh, num_heads)
 
 
 def _check_num_heads(op: str, num_heads) -> None:
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+    if isinstance(num_heads, torch.SymInt):  # made dynamic by torch.compile: checked as the graph runs
+        torch._check(num_heads >= 1, lambda: f"{op}: num_heads must be a positive integer")
+    elif not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
         raise ValueError(f"{op}: num_heads must be a positive integer, got {num_heads!r}")
 
 
-def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+def _check_heads_weight(op: str, spec: CellSpec, weight_hh, num_heads) -> None:
+    """weight_hh of the heads' shape (G H, H / num_heads), H a multiple of num_heads (num_heads checked first)."""
     _check_num_heads(op, num_heads)
+    if not isinstance(weight_hh, Tensor) or not weight_hh.is_floating_point():
+        got = weight_hh.dtype if isinstance(weight_hh, Tensor) else type(weight_hh).__name__
+        raise TypeError(f"{op}: weight_hh must be a floating-point torch.Tensor, got {got}")
+    G, heads = spec.num_gates, "hidden_size" if num_heads == 1 else f"hidden_size / {num_heads}"
+    if weight_hh.dim() != 2 or weight_hh.shape[0] % G:
+        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {heads}), got {tuple(weight_hh.shape)}")
+    H = weight_hh.shape[0] // G
+    if isinstance(num_heads, int) and H % num_heads:
+        raise ValueError(f"{op}: hidden_size ({H}, weight_hh's {weight_hh.shape[0]} rows / {G} gates) must be a "
+                         f"multiple of num_heads ({num_heads}): each head is hidden_size / num_heads units wide")
+    if weight_hh.shape[1] * num_heads != H:
+        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {heads}) = ({G * H}, {H // num_heads}), "
+                         f"got {tuple(weight_hh.shape)}")
+
+
+def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
+    _check_heads_weight(op, spec, weight_hh, num_heads)
     if num_heads == 1:
         return weight_hh
-    if not isinstance(weight_hh, Tensor):
-        raise TypeError(f"{op}: weight_hh must be a torch.Tensor, got {type(weight_hh).__name__}")
     G = spec.num_gates
-    if weight_hh.dim() != 2 or weight_hh.shape[0] != G * num_heads * weight_hh.shape[1]:
-        raise ValueError(f"{op}: with num_heads={num_heads}, expected weight_hh of shape ({G} * hidden_size, "
-                         f"hidden_size / {num_heads}), got {tuple(weight_hh.shape)}")
     DH = weight_hh.shape[1]
     eye = torch.eye(num_heads, dtype=weight_hh.dtype, device=weight_hh.device)
     blocks = weight_hh.reshape(G, num_heads, DH, DH)
@@ -287,6 +307,8 @@ def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None
     cell = cell_spec(cell)
     name = f"{cell.name}_layer"
     _check_num_heads(name, num_heads)
+    if num_heads != 1:  # (the op checks a dense weight_hh itself)
+        _check_heads_weight(name, cell, weight_hh, num_heads)
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 1, num_heads)
     return _layer(cell, name, "(T, B, input_size)", input, states, weight_ih, weight_hh, biases, lengths, backend,
                   zoneout, num_heads)
@@ -299,6 +321,8 @@ def rnn_cell(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None,
     cell = cell_spec(cell)
     name = f"{cell.name}_cell"
     _check_num_heads(name, num_heads)
+    if num_heads != 1:
+        _check_heads_weight(name, cell, weight_hh, num_heads)
     states = _state_or_zeros(name, cell, hx, input, weight_hh, biases, 0, num_heads)
     if not isinstance(input, Tensor) or input.dim() != 2:
         got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
@@ -319,6 +343,8 @@ _LAYER_DOC = """
             keeps its state and outputs zeros (padded batches; one kernel call whatever the lengths). What
             the padding holds never reaches an output or a gradient.
         backend: {backends} (see :mod:`lltm_train.backends`).
+        num_heads: independent heads of hidden_size / num_heads units; weight_hh then holds the heads' blocks,
+            ({G} * hidden_size, hidden_size / num_heads) (:func:`dense_weight_hh`, :func:`rnn_layer`).
 
     Returns:
         {returns} output (T, B, hidden_size) holds h_1..h_T; the final state (B, hidden_size) holds each
@@ -337,24 +363,25 @@ _LAYER_DOC = """
 
 def lltm_layer(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
                bias: Tensor | None = None, *, lengths: Tensor | None = None,
-               backend: str = "auto") -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    output, (h_n, c_n) = rnn_layer(LLTM, input, hx, weight_ih, weight_hh, bias, lengths=lengths, backend=backend)
+               backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    output, (h_n, c_n) = rnn_layer(LLTM, input, hx, weight_ih, weight_hh, bias, lengths=lengths, backend=backend,
+                                   num_heads=num_heads)
     return output, (h_n, c_n)
 
 
 def lstm_layer(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
                bias_ih: Tensor | None = None, bias_hh: Tensor | None = None, *, lengths: Tensor | None = None,
-               backend: str = "auto") -> tuple[Tensor, tuple[Tensor, Tensor]]:
+               backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     output, (h_n, c_n) = rnn_layer(LSTM, input, hx, weight_ih, weight_hh, bias_ih, bias_hh, lengths=lengths,
-                                   backend=backend)
+                                   backend=backend, num_heads=num_heads)
     return output, (h_n, c_n)
 
 
 def gru_layer(input: Tensor, hx: Tensor | None, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None = None,
               bias_hh: Tensor | None = None, *, lengths: Tensor | None = None,
-              backend: str = "auto") -> tuple[Tensor, Tensor]:
+              backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, Tensor]:
     output, (h_n,) = rnn_layer(GRU, input, _gru_hx("gru_layer", hx), weight_ih, weight_hh, bias_ih, bias_hh,
-                               lengths=lengths, backend=backend)
+                               lengths=lengths, backend=backend, num_heads=num_heads)
     return output, h_n
 
 
@@ -374,12 +401,12 @@ gru_layer.__doc__ = "One GRU layer (``torch.nn.GRU``'s math), one direction, ove
 
 
 def lltm_cell(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
-              bias: Tensor | None = None, *, backend: str = "auto") -> tuple[Tensor, Tensor]:
+              bias: Tensor | None = None, *, backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, Tensor]:
     """One LLTM step: :func:`lltm_layer` over a sequence of length 1.
 
     Args:
         input: (B, input_size). hx: ``(h_0, c_0)``, each (B, hidden_size), or None for zeros.
-        weight_ih, weight_hh, bias, backend: as in :func:`lltm_layer`.
+        weight_ih, weight_hh, bias, backend, num_heads: as in :func:`lltm_layer`.
 
     Returns:
         ``(h_1, c_1)``, each (B, hidden_size), dtype and device of ``input``.
@@ -387,27 +414,28 @@ def lltm_cell(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor
     Raises:
         As :func:`lltm_layer`.
     """
-    h_1, c_1 = rnn_cell(LLTM, input, hx, weight_ih, weight_hh, bias, backend=backend)
+    h_1, c_1 = rnn_cell(LLTM, input, hx, weight_ih, weight_hh, bias, backend=backend, num_heads=num_heads)
     return h_1, c_1
 
 
 def lstm_cell(input: Tensor, hx: tuple[Tensor, Tensor] | None, weight_ih: Tensor, weight_hh: Tensor,
               bias_ih: Tensor | None = None, bias_hh: Tensor | None = None, *,
-              backend: str = "auto") -> tuple[Tensor, Tensor]:
+              backend: str = "auto", num_heads: int = 1) -> tuple[Tensor, Tensor]:
     """One LSTM step (``torch.nn.LSTMCell``'s math): :func:`lstm_layer` over a sequence of length 1.
 
     Returns ``(h_1, c_1)``, each (B, hidden_size). Arguments and errors as :func:`lltm_cell`'s, with the
     biases of :func:`lstm_layer`.
     """
-    h_1, c_1 = rnn_cell(LSTM, input, hx, weight_ih, weight_hh, bias_ih, bias_hh, backend=backend)
+    h_1, c_1 = rnn_cell(LSTM, input, hx, weight_ih, weight_hh, bias_ih, bias_hh, backend=backend, num_heads=num_heads)
     return h_1, c_1
 
 
 def gru_cell(input: Tensor, hx: Tensor | None, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None = None,
-             bias_hh: Tensor | None = None, *, backend: str = "auto") -> Tensor:
+             bias_hh: Tensor | None = None, *, backend: str = "auto", num_heads: int = 1) -> Tensor:
     """One GRU step (``torch.nn.GRUCell``'s math): :func:`gru_layer` over a sequence of length 1.
 
     Returns h_1 (B, hidden_size). hx: h_0 (B, hidden_size) or None. Errors as :func:`lltm_cell`'s.
     """
-    (h_1,) = rnn_cell(GRU, input, _gru_hx("gru_cell", hx), weight_ih, weight_hh, bias_ih, bias_hh, backend=backend)
+    (h_1,) = rnn_cell(GRU, input, _gru_hx("gru_cell", hx), weight_ih, weight_hh, bias_ih, bias_hh, backend=backend,
+                      num_heads=num_heads)
     return h_1

@@ -266,7 +266,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for logger in tensorboards:  # the HPARAMS tab's row of this run, and the custom-scalars page
         describe_run(logger, params, tags, names)
     backend = f"backend {backend_used}" if backend_used != "torch" else f"backend torch ({CELLS[cfg.model.cell].torch_label})"
-    info(f"lltm-train: {type(task).__name__} ({cfg.model.cell} cell, {task.num_parameters():,} parameters) on "
+    heads = cfg.model.get("num_heads", 1)
+    cell = f"{cfg.model.cell} cell" + (f", {heads} heads" if heads != 1 else "")
+    info(f"lltm-train: {type(task).__name__} ({cell}, {task.num_parameters():,} parameters) on "
          f"{type(datamodule).__name__}, {backend} on {trainer.strategy.root_device}; run directory "
          f"{output_dir}" + (f"; resuming {ckpt}" if ckpt else "") + "".join(
              f"; metrics in {path}" for path in _csv_files(trainer)))

@@ -200,6 +200,24 @@ def test_a_resume_starts_from_the_runs_own_command_line_settings(tmp_path):
     assert ckpt["global_step"] == 6 and ckpt["hyper_parameters"]["hidden_size"] == 6
 
 
+def test_a_checkpoint_file_of_a_run_brings_back_that_runs_settings(tmp_path):
+    """`ckpt_path=DIR/checkpoints/last.ckpt` alone (the README's second form): the run's settings (another cell, its
+    heads) apply, so the model fits the file; the resumed run writes a folder of its own."""
+    first = lltm_train(tmp_path, *TINY, "trainer.max_steps=4", "model.hidden_size=6", "model.cell=lstm",
+                       "model.num_heads=2", "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = lltm_train(tmp_path, "ckpt_path=run/checkpoints/last.ckpt", "trainer.max_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming with the run's own settings" in resumed.stderr and "model.num_heads=2" in resumed.stderr
+    (new,) = [p for p in tmp_path.rglob("last.ckpt") if "run" not in p.parts]
+    ckpt = torch.load(new, weights_only=False)
+    assert ckpt["global_step"] == 6 and ckpt["hyper_parameters"]["num_heads"] == 2
+    assert ckpt["hyper_parameters"]["cell"] == "lstm"
+    other = lltm_train(tmp_path, "ckpt_path=run/checkpoints/last.ckpt", "model.num_heads=1")  # given now: it wins
+    assert other.returncode == 2
+    assert "its recurrent weights are those of model.num_heads=2, this model's of 1" in other.stderr
+
+
 def test_job_folders_keep_the_sign_of_an_exponent_and_shorten_long_floats(tmp_path):
     result = lltm_train(tmp_path, "-m", "trainer.gradient_clip_val=1e+30,12345.12345678", "+trainer.fast_dev_run=1", *TINY,
                         "hydra.sweep.dir=s")

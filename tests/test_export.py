@@ -110,6 +110,7 @@ def test_generate_and_evaluate_commands(checkpoint):
     assert first.stdout == again.stdout and len(first.stdout) == 2 + 25 + 1
     evaluated = {b: run("evaluate", str(checkpoint), "--backend", b) for b in ("cpp", "python")}
     assert all(r.returncode == 0 for r in evaluated.values()), evaluated["cpp"].stderr[-2000:]
+    assert not any("Tip:" in r.stderr for r in evaluated.values())  # Lightning's advertisements, as in lltm-train
     figures = {b: dict(kv.split("=") for kv in r.stdout.strip().split(": ")[-1].split(", ")) for b, r in evaluated.items()}
     assert set(figures["cpp"]) == {"test/acc", "test/bpc", "test/loss", "test/perplexity"}
     assert all(abs(float(figures["cpp"][k]) - float(figures["python"][k])) < 1e-4 for k in figures["cpp"])

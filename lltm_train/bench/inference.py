@@ -54,7 +54,8 @@ def run_inference(configs: list[str], device: torch.device, dtype: torch.dtype, 
             mem = ""
             if "peak_mib" in row:
                 mem = "; peak MiB " + ", ".join(f"{k} {v:.0f}" for k, v in row["peak_mib"].items())
-            print(f"{name:>9} {cell.name:>4} (T={T}, B={B}, I={I}, H={H}): "
+            heads = f", {num_heads} heads" if num_heads != 1 else ""
+            print(f"{name:>9} {cell.name:>4} (T={T}, B={B}, I={I}, H={H}{heads}): "
                   + ", ".join(f"{k} {v / 1e6:.3f} M tok/s" for k, v in tps.items())
                   + f"; no_grad/training {row['no_grad_vs_training']:.2f}x, no_grad/{baseline_name} "
                   f"{row['no_grad_vs_baseline']:.2f}x{mem}", flush=True)

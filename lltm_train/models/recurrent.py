@@ -50,6 +50,7 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     """
     v.one_of("model", "cell", cell, CELLS)
     check_backend_name(backend, cell)
+    v.positive_int("model", "num_heads", num_heads)  # (True and 1.0 are not 1 head)
     dropout = v.probability("model", "dropout", dropout) if num_layers > 1 else 0.0  # between layers only
     if forget_bias is not None:
         if "forget" not in _SPECS[cell].gates:
@@ -60,7 +61,7 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
             raise ValueError(f"model: forget_bias must be a finite number or null, got {forget_bias!r}")
     if backend == "torch" and zoneout not in (0, 0.0, None) and not (isinstance(zoneout, Sequence) and not any(zoneout)):
         raise ValueError(f"model: zoneout={zoneout!r} runs inside the fused kernels; backend=torch (torch.nn's "
-                         f"{_SPECS[cell].title}) has none: choose backend=auto, cpp or cuda, or zoneout=0")
+                         f"{_SPECS[cell].title}) has none: choose backend=auto, cpp, cuda or python, or zoneout=0")
     if backend == "torch" and num_heads == 1:
         v.positive_int("model", "hidden_size", hidden_size)
         v.positive_int("model", "num_layers", num_layers)

@@ -68,6 +68,19 @@ def check_heads(owner: str, hidden_size: int, num_heads) -> int:
     return num_heads
 
 
+def explain_heads_mismatch(module: nn.Module, state_dict: dict, prefix: str, error_msgs: list[str]) -> None:
+    """For ``_load_from_state_dict``: a ``weight_hh*`` of another width in the state dict is another num_heads's
+    blocks; say so beside PyTorch's size mismatch."""
+    for name, own in module.named_parameters(recurse=False):
+        theirs = state_dict.get(prefix + name)
+        if (name.startswith("weight_hh") and isinstance(theirs, torch.Tensor) and theirs.dim() == 2
+                and theirs.shape[0] == own.shape[0] and 0 < theirs.shape[1] != own.shape[1]
+                and module.hidden_size % theirs.shape[1] == 0):
+            error_msgs.append(f"{prefix}{name} is {tuple(theirs.shape)} in the state dict: the blocks of "
+                              f"num_heads={module.hidden_size // theirs.shape[1]}; this {type(module).__name__} has "
+                              f"num_heads={module.num_heads} ({tuple(own.shape)}): build it with the state dict's num_heads")
+
+
 def reset_uniform(module: nn.Module, hidden_size: int) -> None:
     """U(-1/sqrt(H), 1/sqrt(H)) for every parameter, as torch.nn.LSTM and GRU initialise."""
     bound = 1.0 / math.sqrt(hidden_size)

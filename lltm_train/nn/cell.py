@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from .. import checks as v
 from ..functional import rnn_cell
 from ..ops.cells import GRU, LLTM, LSTM, RNN_RELU, RNN_TANH, CellSpec
-from ._params import BackendMixin, CellMixin, check_heads, make_weights, reset_uniform
+from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 
 
 class RecurrentCell(CellMixin, BackendMixin, nn.Module):
@@ -51,6 +51,12 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
 
     def reset_parameters(self) -> None:
         reset_uniform(self, self.hidden_size)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        explain_heads_mismatch(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def forward(self, input: Tensor, hx=None):
         owner = type(self).__name__

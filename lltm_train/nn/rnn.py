@@ -18,7 +18,7 @@ from ..ops.cells import GRU as GRU_CELL
 from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
-from ._params import BackendMixin, CellMixin, check_heads, make_weights, reset_uniform
+from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from .cell import rnn_cell_spec
 
 
@@ -81,6 +81,12 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
 
     def reset_parameters(self) -> None:
         reset_uniform(self, self.hidden_size)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        explain_heads_mismatch(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # torch.nn.RNNBase's introspection, for code written against it.
     @property

@@ -35,6 +35,19 @@ def _lengths_on_cpu(op: str, lengths, input) -> None:
                      lambda: f"{op}: expected lengths as an int64 tensor on the CPU, got one on {lengths.device}")
 
 
+def _check_heads(op: str, spec: CellSpec, weight_hh, h0, num_heads) -> int:
+    """The hidden size, after the checks the C++ op makes of num_heads and the heads' weight_hh (G H, H / num_heads)."""
+    torch._check(num_heads >= 1, lambda: f"{op}: num_heads must be at least 1, got {num_heads}")
+    torch._check(weight_hh.dim() == 2 and h0.dim() == 2,
+                 lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size / num_heads) "
+                         "and h0 of shape (B, hidden_size)")
+    H = weight_hh.shape[1] * num_heads
+    torch._check(weight_hh.shape[0] == spec.num_gates * H and h0.shape[1] == H,
+                 lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size / {num_heads}) "
+                         f"and h0 of shape (B, hidden_size), got {tuple(weight_hh.shape)} and {tuple(h0.shape)}")
+    return H
+
+
 def _forward_fake(spec: CellSpec):
     op = f"lltm.{spec.forward_op}"
     n = len(spec.states)
@@ -49,10 +62,8 @@ def _forward_fake(spec: CellSpec):
         _one_device(op, input, *states, weight_ih, weight_hh, *biases, zoneout)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
-        torch._check(weight_hh.dim() == 2,
-                     lambda: f"{op}: expected weight_hh of shape ({spec.num_gates} * hidden_size, hidden_size)")
         T, B, _ = input.shape
-        H = weight_hh.shape[1] * num_heads
+        H = _check_heads(op, spec, weight_hh, states[0], num_heads)
         torch._check(zoneout is None or tuple(zoneout.shape) == (T, B, n * H),
                      lambda: f"{op}: expected zoneout of shape (T, B, {n} * hidden_size) = {(T, B, n * H)}")
         saved = ((T, B, H), (T, B, spec.saved * H)) if save else ((0,), (0,))  # save=False keeps nothing
@@ -74,10 +85,13 @@ def _backward_fake(spec: CellSpec):
         saved_count = 2 + n  # output, [cells], activations
         weight_ih, weight_hh, saved, lengths = rest[0], rest[1], rest[2:2 + saved_count - 1], rest[1 + saved_count]
         if len(rest) > 2 + saved_count:
-            zoneout = rest[2 + saved_count]  # (num_heads, by position after it, changes no shape here)
+            zoneout = rest[2 + saved_count]
+        if len(rest) > 3 + saved_count:
+            num_heads = rest[3 + saved_count]
         _one_device(op, *grads, input, h0, *c0, weight_ih, weight_hh, *saved, zoneout)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
+        _check_heads(op, spec, weight_hh, h0, num_heads)
         return (torch.empty_like(input), *(torch.empty_like(h0) for _ in range(n)), torch.empty_like(weight_ih),
                 torch.empty_like(weight_hh), *(weight_hh.new_empty(weight_hh.shape[0]) for _ in spec.biases))
 
