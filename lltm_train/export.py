@@ -130,7 +130,14 @@ def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Pa
             _write_vocab(out, vocab)
             return out
         T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
-        program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
+        try:
+            program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
+        except Exception as exc:  # torch._dynamo.exc.UserError: a loop over time in Python fixes T
+            if "Constraints violated" not in str(exc):
+                raise
+            raise ValueError("torch.export cannot keep this model's sequence length and batch size free: the python "
+                             "backend's loop over time (and PyTorch's own layer, backend torch) fix them; export with "
+                             "--backend cpp or cuda (one op per layer)") from None
         if fmt == "exported":
             torch.export.save(program, str(out), extra_files=extra)
         else:

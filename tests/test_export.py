@@ -349,7 +349,9 @@ def command_lines(checkpoint, tmp_path_factory):
     lines = {"to_dir": ["lltm_train.export", ckpt, str(d / "adir")],
              "unwritable": ["lltm_train.export", ckpt, "/proc/nope/m.pt2"],
              "pt_name": ["lltm_train.export", ckpt, str(d / "m.pt"), "--format", "aoti"],  # aoti writes .pt2
-             "torchscript": ["lltm_train.export", ckpt, str(d / "ts.pt"), "--format", "torchscript"]}
+             "torchscript": ["lltm_train.export", ckpt, str(d / "ts.pt"), "--format", "torchscript"],
+             "exported_python": ["lltm_train.export", ckpt, str(d / "py.pt2"), "--format", "exported", "--backend",
+                                 "python"]}
     if not torch.cuda.is_available():
         lines |= {"generate_cuda": ["lltm_train.commands", "generate", ckpt, "--device", "cuda"],
                   "evaluate_cuda": ["lltm_train.commands", "evaluate", ckpt, "--device", "cuda"],
@@ -381,6 +383,7 @@ def test_hostile_command_lines_get_one_line_each(command_lines):
     assert "adir is a directory; give the file to write, e.g. " in errors["to_dir"]["stderr"]
     assert "cannot write /proc/nope/m.pt2" in errors["unwritable"]["stderr"]
     assert f"is a .pt2 file: name it {d / 'm.pt2'} (or give --format torchscript" in errors["pt_name"]["stderr"]
+    assert "export with --backend cpp or cuda (one op per layer)" in errors["exported_python"]["stderr"]
     left = {p.name for p in d.iterdir()} - {"adir", "report.json", "ts.pt", "ts.pt.vocab.json"}
     assert not left and not any((d / "adir").iterdir()), left
 
