@@ -327,3 +327,20 @@ def test_torch_backend_layers_compile_train_and_take_empty_batches():
     out, (h, c) = rnn_layer("lstm", torch.randn(4, 0, 5), None, torch.randn(32, 5), torch.randn(32, 8), None, None,
                             lengths=torch.zeros(0, dtype=torch.long), backend="torch")
     assert out.shape == (4, 0, 8) and h.shape == c.shape == (0, 8)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_float32_at_the_size_where_the_weight_gradient_reads_the_loops_transposed_h(name, full_float32):
+    """float32 at T 16, B 12, H 64 (4 heads of 16): the sizes where the CPU loop writes h_{t-1} transposed for the
+    weight gradient's GEMM (lltm.cpp's oneDNN path), with lengths; against the python reference."""
+    spec = CELLS[name]
+    p = head_args(spec, 16, 12, 8, 4, 16)
+    p = {k: (tuple(t.detach().float().requires_grad_() if t is not None else None for t in v) if isinstance(v, tuple)
+             else v.detach().float().requires_grad_()) for k, v in p.items()}
+    lengths = torch.randint(0, 17, (12,))
+    upstream = upstream_like(spec, 16, 12, 64, dtype=torch.float32)
+    got, want = (results(spec, p, *rnn_layer(spec, p["input"], p["states"], p["weight_ih"], p["weight_hh"],
+                                             *p["biases"], lengths=lengths, backend=b, num_heads=4), upstream)
+                 for b in ("cpp", "python"))
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=1e-4, atol=1e-4)
