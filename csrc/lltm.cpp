@@ -174,14 +174,6 @@ Tensor optional_grad(const std::string& op, const char* name, const OptTensor& t
   return t.has_value() && t->defined() ? checked(op, name, *t, expected, ref) : Tensor();
 }
 
-// The dense (G H, H) recurrent matrix of the heads' blocks (G H, DH): zero off the diagonal blocks.
-Tensor dense_heads(const Tensor& blocks, int64_t G, int64_t num_heads) {
-  const int64_t DH = blocks.size(1), H = DH * num_heads;
-  Tensor dense = at::zeros({G, num_heads, DH, num_heads, DH}, blocks.options());
-  dense.diagonal(0, 1, 3).copy_(blocks.view({G, num_heads, DH, DH}).permute({0, 2, 3, 1}));
-  return dense.view({G * H, H});
-}
-
 // The heads' blocks (G H, DH) of a dense (G H, H) matrix: its diagonal blocks (a weight gradient's).
 Tensor diagonal_blocks(const Tensor& dense, int64_t G, int64_t num_heads) {
   const int64_t H = dense.size(1), DH = H / num_heads;
@@ -199,6 +191,13 @@ OptTensor projection_bias(const OptTensor& bias_ih, const OptTensor& bias_hh, in
 }
 
 }  // namespace
+
+Tensor dense_heads(const Tensor& blocks, int64_t G, int64_t num_heads) {
+  const int64_t DH = blocks.size(1), H = DH * num_heads;
+  Tensor dense = at::zeros({G, num_heads, DH, num_heads, DH}, blocks.options());
+  dense.diagonal(0, 1, 3).copy_(blocks.view({G, num_heads, DH, DH}).permute({0, 2, 3, 1}));
+  return dense.view({G * H, H});
+}
 
 template <typename Cell>
 LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
@@ -220,9 +219,8 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   f.gates = gates;
   if (Cell::kSplit && a.bias_hh.has_value()) f.bias_hn = a.bias_hh->narrow(0, (G - 1) * s.H, s.H).contiguous();
   f.h0 = a.h0.contiguous();
-  const bool blocks = a.num_heads > 1 && r.heads;  // the recurrence takes the heads' blocks, else the dense matrix
-  f.weight_hh = a.num_heads > 1 && !r.heads ? dense_heads(a.weight_hh, G, a.num_heads) : a.weight_hh.contiguous();
-  f.num_heads = blocks ? a.num_heads : 1;
+  f.weight_hh = a.weight_hh.contiguous();
+  f.num_heads = a.num_heads;
   f.lengths = lens;
   f.zoneout = zoneout;
   f.output = at::empty({s.T, s.B, s.H}, opts);
@@ -256,9 +254,8 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   check_saved(op, a.activations, a.cells, Cell::kHasCell);
   b.activations = checked(op, "activations", a.activations, {T, B, Cell::kSaved * H}, a.input);
   b.h0 = a.h0.contiguous();
-  const bool blocks = a.num_heads > 1 && r.heads;
-  b.weight_hh = a.num_heads > 1 && !r.heads ? dense_heads(a.weight_hh, G, a.num_heads) : a.weight_hh.contiguous();
-  b.num_heads = blocks ? a.num_heads : 1;
+  b.weight_hh = a.weight_hh.contiguous();
+  b.num_heads = a.num_heads;
   b.grad_gates = at::empty({T, B, GB * H}, opts);
   b.grad_h0 = at::empty({B, H}, opts);
   if constexpr (Cell::kHasCell) {

@@ -20,8 +20,8 @@
 //
 // Heads: `num_heads` NH >= 1 splits the recurrence into NH independent heads of DH = H / NH units, a
 // block-diagonal recurrent matrix of which `weight_hh` (G H, DH) holds the blocks: row g H + a DH + j (gate g,
-// unit a DH + j), column k (unit a DH + k of the step before). NH = 1 is torch.nn's (G H, H). A recurrence that
-// runs heads natively (Recurrence::heads) gets the blocks; the others get the dense matrix they stand for. The
+// unit a DH + j), column k (unit a DH + k of the step before). NH = 1 is torch.nn's (G H, H). Every recurrence
+// gets the blocks: a path that has no kernel for heads runs the dense matrix they stand for (dense_heads). The
 // weight gradient is the dense one's diagonal blocks either way.
 //
 // save=False (the forward under torch.no_grad or inference mode, for sampling and evaluation, as haste's
@@ -82,8 +82,10 @@ inline int64_t step_stride(const Tensor& t) { return t.defined() && t.size(0) > 
 struct Recurrence {
   void (*forward)(const ForwardTensors&);
   void (*backward)(const BackwardTensors&);
-  bool heads = false;  // takes the heads' blocks (num_heads > 1); otherwise it is given the dense matrix
 };
+
+// The dense (G H, H) recurrent matrix of the heads' blocks (G H, H / num_heads): zero off the diagonal blocks.
+Tensor dense_heads(const Tensor& blocks, int64_t G, int64_t num_heads);
 
 // The ops' arguments and results in one form for every cell; what a cell lacks (c0, bias_hh, ...) is
 // undefined or absent.

@@ -470,7 +470,7 @@ void backward(const BackwardTensors& g) {
 }
 
 template <typename Cell>
-const Recurrence kCpu{forward<Cell>, backward<Cell>, /*heads=*/true};
+const Recurrence kCpu{forward<Cell>, backward<Cell>};
 
 }  // namespace
 }  // namespace lltm

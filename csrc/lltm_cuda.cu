@@ -43,17 +43,30 @@ Path path_override() {
 }
 
 template <typename Cell>
-bool use_persistent(const at::Tensor& t, int64_t H) {
+bool use_persistent(const at::Tensor& t, int64_t H, int64_t num_heads) {
   bool any_batch = false;
-  return !path_forced(any_batch) && persistent_supports<Cell>(t.scalar_type(), H, t.size(1), any_batch);
+  return !path_forced(any_batch) && persistent_supports<Cell>(t.scalar_type(), H, t.size(1), num_heads, any_batch);
+}
+
+// Heads (lltm.h) run natively where a persistent kernel takes their width; elsewhere the dense block-diagonal
+// matrix goes to whichever path takes the whole width (the stepped GEMM, or a persistent kernel of width H).
+template <typename Cell, typename Tensors>
+Tensors dense_unless_persistent(const Tensors& in, const at::Tensor& t, int64_t H) {
+  Tensors on = in;
+  if (in.num_heads > 1 && !use_persistent<Cell>(t, H, in.num_heads)) {
+    on.weight_hh = dense_heads(in.weight_hh, Cell::kGates, in.num_heads);
+    on.num_heads = 1;
+  }
+  return on;
 }
 
 template <typename Cell>
 void forward(const ForwardTensors& f) {
   const c10::cuda::CUDAGuard guard(f.gates.device());
-  ForwardTensors on = f;
+  const int64_t H = f.h0.size(1);
+  ForwardTensors on = dense_unless_persistent<Cell>(f, f.gates, H);
   on.lengths = on_device(f.lengths, f.gates);
-  if (use_persistent<Cell>(f.gates, f.h0.size(1))) {
+  if (use_persistent<Cell>(f.gates, H, on.num_heads)) {
     persistent_forward<Cell>(on);
   } else {
     stepped_forward<Cell>(on);
@@ -63,9 +76,10 @@ void forward(const ForwardTensors& f) {
 template <typename Cell>
 void backward(const BackwardTensors& g) {
   const c10::cuda::CUDAGuard guard(g.activations.device());
-  BackwardTensors on = g;
+  const int64_t H = g.h0.size(1);
+  BackwardTensors on = dense_unless_persistent<Cell>(g, g.activations, H);
   on.lengths = on_device(g.lengths, g.activations);
-  if (use_persistent<Cell>(g.activations, g.h0.size(1))) {
+  if (use_persistent<Cell>(g.activations, H, on.num_heads)) {
     persistent_backward<Cell>(on);
   } else {
     stepped_backward<Cell>(on);

@@ -1,8 +1,8 @@
 // The two CUDA recurrences (lltm_cuda.cu picks one per call), each a template over the cells of cells.h:
 // - persistent (lltm_cuda_persistent.cu): one kernel launch runs every time step, for the cells and hidden
-//   sizes whose recurrent weights fit on chip (persistent_supports says which);
+//   sizes whose recurrent weights fit on chip (persistent_supports says which), heads each as its own recurrence;
 // - stepped (lltm_cuda_stepped.cu): per step one cuBLAS GEMM and one fused pointwise kernel, replayed
-//   from cached CUDA graphs, for everything else (larger H, float64, any H).
+//   from cached CUDA graphs, for everything else (larger H, float64, any H), heads as their dense matrix.
 // Arguments as in lltm.h's Recurrence; every tensor is on the current device and contiguous, `lengths`
 // (B,) int64 is on the device or undefined.
 #pragma once
@@ -26,10 +26,11 @@ struct DeviceMath {
   static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
 };
 
-// True when a persistent kernel of this cell takes this dtype, hidden size and batch (any batch: as long as
-// a kernel exists for the cell, dtype and hidden size, however many waves of clusters the batch needs).
+// True when a persistent kernel of this cell takes this dtype, hidden size, batch and heads (each head its own
+// recurrence of H / num_heads units; any batch: as long as a kernel exists for the cell, dtype and head width,
+// however many waves of clusters the batch needs).
 template <typename Cell>
-bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_batch = false);
+bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, int64_t num_heads, bool any_batch);
 
 template <typename Cell>
 void persistent_forward(const ForwardTensors& f);

@@ -18,6 +18,8 @@
 // dL/dh_{t-1} (H x 8) = W_own^T (H x G U) . dgates_own^T (G U x 8), scattered to the owners of the units,
 // which add the C partial sums in a fixed order (deterministic).
 // float32 runs here only with its products in TF32 (allow_tf32); float32 precision takes the stepped path.
+// Heads (lltm.h): the grid has a row of clusters per head, each an independent recurrence whose width is the
+// kernel's H (the head's DH), on its units of the layer's `width` and its blocks of W_hh.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -319,6 +321,7 @@ struct ForwardParams {
   const scalar_t* zoneout;  // (T, B, S H) zoneout factors (lltm.h), or null
   int T;
   int64_t B;
+  int64_t width;                // the layer's hidden size: its heads (grid rows) of the kernel's H units each
   int64_t act_step, cell_step;  // elements between steps of act, cells (0: one slot that every step overwrites)
 };
 
@@ -340,6 +343,7 @@ struct BackwardParams {
   scalar_t* grad_c0;
   int T;
   int64_t B;
+  int64_t width;  // as the forward's
 };
 
 template <typename Cell, typename scalar_t, int H>
@@ -369,20 +373,23 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   const int ug = warp % G, ks = warp / G;
   const int T = p.T;
   const int64_t B = p.B;
+  // Heads (lltm.h): grid row blockIdx.y runs head blockIdx.y, an independent recurrence of H units: the layer's
+  // units [head, head + H) of its HW, with the rows q HW + head + ... of W_hh's blocks (H columns each).
+  const int64_t HW = p.width, head = static_cast<int64_t>(blockIdx.y) * H, own = head + rank * U;
 
   typename Op::A wf[NG][NKW];
 #pragma unroll
   for (int q = 0; q < NG; ++q) {
 #pragma unroll
     for (int kk = 0; kk < NKW; ++kk) {
-      const scalar_t* w = p.w_hh + static_cast<int64_t>(q * H + rank * U + ug * 16) * H + (ks * NKW + kk) * KS;
+      const scalar_t* w = p.w_hh + (q * HW + own + ug * 16) * H + (ks * NKW + kk) * KS;
       wf[q][kk] = Op::load_a([&](int m, int k) { return w[m * H + k]; }, gid, tig);
     }
   }
   for (int idx = tid; idx < kRows * H; idx += NT) {
     const int n = idx / H, k = idx % H;
     const int64_t b = b_base + n;
-    hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * H + k])) : Op::to_smem(0.f);
+    hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * HW + head + k])) : Op::to_smem(0.f);
   }
   float c[NP], h[NP], x[NP][NG], bhn[NP], zh[NP], zc[NP];  // zh, zc: the step's zoneout factors
   int len[NP];
@@ -392,9 +399,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int pair = tid + j * NT, u = pair % U, n = pair / U;
     const int64_t b = b_base + n;
     const bool valid = pair < Cfg::PAIRS && b < B;
-    c[j] = valid && Cell::kHasCell ? float(p.c0[b * H + rank * U + u]) : 0.f;
-    h[j] = valid ? float(p.h0[b * H + rank * U + u]) : 0.f;
-    bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[rank * U + u]) : 0.f;
+    c[j] = valid && Cell::kHasCell ? float(p.c0[b * HW + own + u]) : 0.f;
+    h[j] = valid ? float(p.h0[b * HW + own + u]) : 0.f;
+    bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[own + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
     zh[j] = zc[j] = 0.f;
   }
@@ -411,11 +418,11 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
       const int pair = tid + j * NT, u = pair % U;
       const int64_t b = b_base + pair / U;
       if (t < len[j]) {
-        load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * H + rank * U + u, H, x[j]);
+        load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * HW + own + u, HW, x[j]);
         if (p.zoneout) {
-          const scalar_t* z = p.zoneout + (static_cast<int64_t>(t) * B + b) * NS * H + rank * U + u;
+          const scalar_t* z = p.zoneout + (static_cast<int64_t>(t) * B + b) * NS * HW + own + u;
           zh[j] = float(z[0]);
-          zc[j] = Cell::kHasCell ? float(z[H]) : 0.f;
+          zc[j] = Cell::kHasCell ? float(z[HW]) : 0.f;
         }
       }
     }
@@ -449,7 +456,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
       const int64_t b = b_base + n;
       if (b < B) {
         const int64_t row = static_cast<int64_t>(t) * B + b;
-        const int64_t k = row * H + rank * U + u;
+        const int64_t k = row * HW + own + u;
         float gh[NG], s[A];
 #pragma unroll
         for (int q = 0; q < NG; ++q) {
@@ -463,9 +470,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
         const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s, z)
                               : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
-        store_blocks(p.act + t * p.act_step + b * A * H + rank * U + u, H, s);
+        store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
-        if (Cell::kHasCell) p.cells[t * p.cell_step + b * H + rank * U + u] = scalar_t(c[j]);
+        if (Cell::kHasCell) p.cells[t * p.cell_step + b * HW + own + u] = scalar_t(c[j]);
       }
       uint32_t bits;
       if constexpr (kPack == 1) {
@@ -489,8 +496,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int pair = tid + j * NT, u = pair % U;
     const int64_t b = b_base + pair / U;
     if (pair < Cfg::PAIRS && b < B) {
-      p.h_n[b * H + rank * U + u] = scalar_t(h[j]);
-      if (Cell::kHasCell) p.c_n[b * H + rank * U + u] = scalar_t(c[j]);
+      p.h_n[b * HW + own + u] = scalar_t(h[j]);
+      if (Cell::kHasCell) p.c_n[b * HW + own + u] = scalar_t(c[j]);
     }
   }
 #endif
@@ -519,6 +526,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int T = p.T;
   const int64_t B = p.B;
+  const int64_t HW = p.width, head = static_cast<int64_t>(blockIdx.y) * H, own = head + rank * U;  // as the forward's
 
   // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are the gates x U units.
   typename Op::A wf[NKB];
@@ -527,7 +535,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     wf[kk] = Op::load_a(
         [&](int m, int k) {
           const int kg = kk * KS + k;
-          return p.w_hh[static_cast<int64_t>((kg / U) * H + rank * U + kg % U) * H + warp * 16 + m];
+          return p.w_hh[((kg / U) * HW + own + kg % U) * H + warp * 16 + m];
         },
         gid, tig);
   }
@@ -541,7 +549,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     const int pair = tid + j * NT, u = pair % U;
     const int64_t b = b_base + pair / U;
     const bool valid = pair < Cfg::PAIRS && b < B;
-    const int64_t k = b * H + rank * U + u;
+    const int64_t k = b * HW + own + u;
     dc[j] = valid && p.grad_c_n ? float(p.grad_c_n[k]) : 0.f;
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
@@ -560,16 +568,16 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       const int64_t b = b_base + pair / U;
       if (t < len[j]) {
         const int64_t row = static_cast<int64_t>(t) * B + b;
-        const int64_t k = row * H + rank * U + u, k_prev = k - B * H, k0 = b * H + rank * U + u;
-        load_blocks(p.act + row * A * H + rank * U + u, H, sv[j]);
+        const int64_t k = row * HW + own + u, k_prev = k - B * HW, k0 = b * HW + own + u;
+        load_blocks(p.act + row * A * HW + own + u, HW, sv[j]);
         if (Cell::kHasCell) cc[j] = float(p.cells[k]);
         if (c_prev) cp[j] = float(t > 0 ? p.cells[k_prev] : p.c0[k0]);
         if (Cell::kNeedsHPrev) hp[j] = float(t > 0 ? p.output[k_prev] : p.h0[k0]);
         go[j] = p.grad_output ? float(p.grad_output[k]) : 0.f;
         if (p.zoneout) {
-          const scalar_t* z = p.zoneout + row * NS * H + rank * U + u;
+          const scalar_t* z = p.zoneout + row * NS * HW + own + u;
           zh[j] = float(z[0]);
-          zc[j] = Cell::kHasCell ? float(z[H]) : 0.f;
+          zc[j] = Cell::kHasCell ? float(z[HW]) : 0.f;
         }
       }
     }
@@ -592,7 +600,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
         carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg, z)
                               : backward_values<Cell, DeviceMath, false>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg);
-        store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * H + rank * U + u, H, dg);
+        store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * HW + own + u, HW, dg);
       }
 #pragma unroll
       for (int q = 0; q < NG; ++q) dgbuf[cur][n][q * U + u] = Op::to_smem(dg[q]);
@@ -622,8 +630,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       float dh = carry[j];
 #pragma unroll
       for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
-      p.grad_h0[b * H + rank * U + u] = scalar_t(dh);
-      if (Cell::kHasCell) p.grad_c0[b * H + rank * U + u] = scalar_t(dc[j]);
+      p.grad_h0[b * HW + own + u] = scalar_t(dh);
+      if (Cell::kHasCell) p.grad_c0[b * HW + own + u] = scalar_t(dc[j]);
     }
   }
 #endif
@@ -652,12 +660,13 @@ cudaError_t allow_cluster(Kernel kernel, int cluster, int smem) {
   return cluster > 8 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
+// One grid row of clusters per head.
 template <typename Kernel, typename Params>
-void launch(Kernel kernel, int threads, int cluster, int smem, int64_t B, const Params& params) {
+void launch(Kernel kernel, int threads, int cluster, int smem, int64_t B, int64_t heads, const Params& params) {
   C10_CUDA_CHECK(allow_cluster(kernel, cluster, smem));
   const int64_t clusters = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster), static_cast<unsigned>(heads));
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = at::cuda::getCurrentCUDAStream();
@@ -745,18 +754,20 @@ T* ptr(const at::Tensor& t) {
 }  // namespace
 
 template <typename Cell>
-bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_batch) {
+bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, int64_t num_heads, bool any_batch) {
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
-  if (B < 1 || B > (int64_t{1} << 28)) return false;
+  if (B < 1 || B > (int64_t{1} << 28) || num_heads < 1 || num_heads > 65535 || H % num_heads != 0) return false;
+  const int64_t DH = H / num_heads;  // a kernel's width: one head's
   bool ok = false;
   with_scalar_type(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
-    with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
+    with_hidden_size<Cell, scalar_t>(DH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
       const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes);
-      ok = active > 0 && (any_batch || (B + kRows - 1) / kRows <= max_waves<scalar_t>(kH) * static_cast<int64_t>(active));
+      const int64_t clusters = (B + kRows - 1) / kRows * num_heads;
+      ok = active > 0 && (any_batch || clusters <= max_waves<scalar_t>(kH) * static_cast<int64_t>(active));
     });
   });
   return ok;
@@ -764,7 +775,7 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, bool any_ba
 
 template <typename Cell>
 void persistent_forward(const ForwardTensors& f) {
-  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
+  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1), NH = f.num_heads;
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
   const bool typed = with_scalar_type(f.gates.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
@@ -774,20 +785,20 @@ void persistent_forward(const ForwardTensors& f) {
                                          ptr<scalar_t>(f.h0),    ptr<scalar_t>(f.c0),
                                          ptr<scalar_t>(f.weight_hh), ptr<scalar_t>(f.bias_hn),
                                          ptr<int64_t>(f.lengths), ptr<scalar_t>(f.zoneout), static_cast<int>(T), B,
-                                         step_stride(f.activations), step_stride(f.cells)};
-    const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
+                                         H, step_stride(f.activations), step_stride(f.cells)};
+    const bool ok = with_hidden_size<Cell, scalar_t>(H / NH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
-      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes, B, params);
+      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes, B, NH, params);
     });
-    TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
+    TORCH_CHECK(ok, "lltm: no persistent kernel for heads of " + std::to_string(H / NH) + " units");
   });
   TORCH_CHECK(typed, "lltm: the persistent kernels take float32 with TF32, bfloat16 and float16");
 }
 
 template <typename Cell>
 void persistent_backward(const BackwardTensors& g) {
-  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
+  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1), NH = g.num_heads;
   TORCH_CHECK(T < (int64_t{1} << 31), "lltm: sequences longer than 2^31 - 1 steps are not supported");
   const bool typed = with_scalar_type(g.activations.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
@@ -798,19 +809,19 @@ void persistent_backward(const BackwardTensors& g) {
                                           ptr<scalar_t>(g.grad_c_n),    ptr<scalar_t>(g.weight_hh),
                                           ptr<int64_t>(g.lengths),      ptr<scalar_t>(g.zoneout),
                                           ptr<scalar_t>(g.grad_h0),
-                                          ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B};
-    const bool ok = with_hidden_size<Cell, scalar_t>(H, [&](auto h) {
+                                          ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B, H};
+    const bool ok = with_hidden_size<Cell, scalar_t>(H / NH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = BackwardConfig<Cell, scalar_t, kH>;
-      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, 0, B, params);
+      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, 0, B, NH, params);
     });
-    TORCH_CHECK(ok, "lltm: no persistent kernel for hidden_size " + std::to_string(H));
+    TORCH_CHECK(ok, "lltm: no persistent kernel for heads of " + std::to_string(H / NH) + " units");
   });
   TORCH_CHECK(typed, "lltm: the persistent kernels take float32 with TF32, bfloat16 and float16");
 }
 
 #define LLTM_PERSISTENT(CELL)                                                          \
-  template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, bool);     \
+  template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, int64_t, bool); \
   template void persistent_forward<CELL>(const ForwardTensors&);                       \
   template void persistent_backward<CELL>(const BackwardTensors&);
 LLTM_FOR_EACH_CELL(LLTM_PERSISTENT)

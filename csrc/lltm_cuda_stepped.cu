@@ -330,6 +330,7 @@ template <typename Cell>
 void stepped_forward(const ForwardTensors& f) {
   constexpr int G = Cell::kGates;
   const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
+  TORCH_INTERNAL_ASSERT(f.num_heads == 1, "lltm: the stepped path takes heads as their dense matrix");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool tf32 = allow_tf32();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_stepped_forward", [&] {
@@ -393,6 +394,7 @@ template <typename Cell>
 void stepped_backward(const BackwardTensors& g) {
   constexpr int G = Cell::kGates;
   const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
+  TORCH_INTERNAL_ASSERT(g.num_heads == 1, "lltm: the stepped path takes heads as their dense matrix");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool tf32 = allow_tf32();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_stepped_backward", [&] {

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .backends import resolve_backend
+from .checks import positive_int
 from .ops import reference
 from .ops.cells import GRU, LLTM, LSTM, CellSpec, cell_spec
 
@@ -253,8 +254,8 @@ def dense_weight_hh(cell: str | CellSpec, weight_hh: Tensor, num_heads: int) -> 
 def _check_num_heads(op: str, num_heads) -> None:
     if isinstance(num_heads, torch.SymInt):  # made dynamic by torch.compile: checked as the graph runs
         torch._check(num_heads >= 1, lambda: f"{op}: num_heads must be a positive integer")
-    elif not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
-        raise ValueError(f"{op}: num_heads must be a positive integer, got {num_heads!r}")
+    else:
+        positive_int(op, "num_heads", num_heads)
 
 
 def _check_heads_weight(op: str, spec: CellSpec, weight_hh, num_heads) -> None:

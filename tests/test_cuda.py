@@ -30,18 +30,23 @@ NAMES = {name: ("output", *(f"{s}_n" for s in spec.states), "x", *(f"{s}0" for s
                 *(b.replace("bias", "b") for b in spec.biases)) for name, spec in CELLS.items()}
 
 
-def params(T, B, I, H, dtype, scale=1.0, cell=LLTM, device="cuda"):
+def params(T, B, I, H, dtype, scale=1.0, cell=LLTM, device="cuda", num_heads=1):
     """Inputs of a well-conditioned run (weights small enough that the state does not blow up over T), as a
-    list: input, the states, weight_ih, weight_hh, the biases."""
+    list: input, the states, weight_ih, weight_hh, the biases. With heads, weight_hh is the diagonal blocks
+    (G H, H / num_heads) of the dense draw."""
     p = layer_args(cell, T, B, I, H, device, dtype=torch.float64, requires_grad=False, scale=scale)
-    return [t.to(dtype) for t in (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *(b * 0.2 for b in p["biases"]))]
+    w_hh = p["weight_hh"]
+    if num_heads > 1:
+        G, DH = cell.num_gates, H // num_heads
+        w_hh = w_hh.view(G, num_heads, DH, num_heads, DH).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(G * H, DH)
+    return [t.to(dtype) for t in (p["input"], *p["states"], p["weight_ih"], w_hh, *(b * 0.2 for b in p["biases"]))]
 
 
-def forward_backward(p, backend, upstream, lengths=None, cell=LLTM, zoneout=None):
+def forward_backward(p, backend, upstream, lengths=None, cell=LLTM, zoneout=None, num_heads=1):
     p = [t.detach().clone().requires_grad_() for t in p]
     n = len(cell.states)
     out, state = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend=backend,
-                           zoneout=zoneout)
+                           zoneout=zoneout, num_heads=num_heads)
     loss = sum((r * u).sum() for r, u in zip((out, *state), upstream))
     return [out, *state, *torch.autograd.grad(loss, p)]
 
@@ -235,7 +240,7 @@ def test_reduce_overhead_training_of_a_module_matches_eager(cell, backend):
 RELU_CONDITIONING = 10
 
 
-def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24, zoneout=None):
+def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24, zoneout=None, num_heads=1):
     """The error against float64 of float64 itself when every input is perturbed by one rounding of unit
     roundoff ``unit`` (float32's 2^-24 by default, float16's 2^-11; random sign): what any computation in that
     dtype of this draw must expect, however it sums."""
@@ -244,9 +249,9 @@ def conditioning(p, upstream, cell=LLTM, lengths=None, unit=2**-24, zoneout=None
 
     p, upstream = [t.double() for t in p], [u.double() for u in upstream]
     zoneout = None if zoneout is None else zoneout.double()
-    exact = forward_backward(p, "python", upstream, lengths, cell=cell, zoneout=zoneout)
+    exact = forward_backward(p, "python", upstream, lengths, cell=cell, zoneout=zoneout, num_heads=num_heads)
     return relative_errors(forward_backward([nudge(t) for t in p], "python", [nudge(u) for u in upstream], lengths,
-                                            cell=cell, zoneout=zoneout), exact)
+                                            cell=cell, zoneout=zoneout, num_heads=num_heads), exact)
 
 
 @pytest.mark.parametrize("B, H", [(4, 64), (4, 128), (4, 256), (1, 128)])
@@ -333,11 +338,12 @@ def test_a_gpu_that_refuses_clusters_of_16_takes_the_stepped_path():
     assert all(float(l.split("ERR")[1]) < 5e-2 for l in lines.values()), result.stdout
 
 
-def kernel_names(p, lengths=None, cell=LLTM, zoneout=None):
+def kernel_names(p, lengths=None, cell=LLTM, zoneout=None, num_heads=1):
     """Names of the CUDA kernels that one forward and backward of the layer runs."""
     n = len(cell.states)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out, _ = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend="cuda", zoneout=zoneout)
+        out, _ = rnn_layer(cell, p[0], tuple(p[1:1 + n]), *p[1 + n:], lengths=lengths, backend="cuda", zoneout=zoneout,
+                           num_heads=num_heads)
         out.float().sum().backward()
         torch.cuda.synchronize()
     return {e.name for e in prof.events()}
@@ -353,13 +359,20 @@ def kernel_names(p, lengths=None, cell=LLTM, zoneout=None):
     ("gru", torch.bfloat16, 128, "high", True), ("gru", torch.bfloat16, 512, "high", True),
     ("gru", torch.float32, 64, "high", True), ("gru", torch.float32, 200, "high", False),
     ("rnn", torch.bfloat16, 512, "high", True), ("rnn", torch.float32, 64, "high", True),
-    ("rnn_relu", torch.float16, 128, "high", True), ("rnn_relu", torch.float32, 200, "high", False)])
+    ("rnn_relu", torch.float16, 128, "high", True), ("rnn_relu", torch.float32, 200, "high", False),
+    # heads: a kernel of the head's width (12 x 64, 3 x 256: no kernel of the whole width), else the dense matrix
+    # on the path of the whole width (4 x 32: the kernel of 128; 3 x 40: stepped)
+    ("lstm", torch.bfloat16, (12, 64), "high", True), ("gru", torch.float16, (3, 256), "high", True),
+    ("lltm", torch.float32, (2, 128), "high", True), ("rnn", torch.float32, (2, 128), "highest", False),
+    ("lstm", torch.bfloat16, (4, 32), "high", True), ("gru", torch.bfloat16, (3, 40), "high", False)])
 def test_the_persistent_kernels_run_where_they_exist(cell, dtype, H, precision, persistent):
-    """float32 takes them with TF32 only ("high"); float32 precision ("highest") the stepped path."""
+    """float32 takes them with TF32 only ("high"); float32 precision ("highest") the stepped path. H may be
+    (num_heads, head width)."""
     torch.set_float32_matmul_precision(precision)  # the autouse fixture restores it
     cell = CELLS[cell]
-    p = [t.requires_grad_() for t in params(4, 3, 5, H, dtype, cell=cell)]
-    names = kernel_names(p, cell=cell)
+    NH, DH = H if isinstance(H, tuple) else (1, H)
+    p = [t.requires_grad_() for t in params(4, 3, 5, NH * DH, dtype, cell=cell, num_heads=NH)]
+    names = kernel_names(p, cell=cell, num_heads=NH)
     ran = [any(f"{kind}_kernel<" in n for n in names) for kind in ("forward", "backward")]
     assert ran == [persistent, persistent], sorted(names)
 
@@ -429,6 +442,38 @@ def test_persistent_kernels_under_zoneout_as_accurate_as_python(cell, H, dtype, 
     assert [any(f"{kind}_kernel<" in n for n in names) for kind in ("forward", "backward")] == [True, True], sorted(names)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("NH, DH, dtype", [(3, 64, torch.bfloat16), (2, 128, torch.float16), (3, 256, torch.bfloat16),
+                                           (2, 512, torch.float16), (4, 64, torch.float32)],
+                         ids=["3x64-bf16", "2x128-fp16", "3x256-bf16", "2x512-fp16", "4x64-tf32"])
+def test_heads_on_the_persistent_kernels_as_accurate_as_python(cell, NH, DH, dtype, tf32_on):
+    """Each head its own recurrence on the persistent kernel of its width (a grid row of clusters a head), with
+    rows that end early and zoneout: outputs and gradients against float64 as the zoneout test bounds them, zeros
+    past a row's end, the same results twice (bitwise), and the kernels persistent."""
+    cell = CELLS[cell]
+    T, B, H = 40, 11, NH * DH
+    S = len(cell.states)
+    p = params(T, B, 24, H, dtype, scale=0.5, cell=cell, num_heads=NH)
+    lengths = torch.tensor([40, 1, 0, 17, 40, 39, 2, 25, 40, 3, 8])
+    upstream = upstream_for(cell, T, B, H, dtype, scale=0.1)
+    unit = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-11}[dtype]
+    floor = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-3}[dtype]
+    relu = RELU_CONDITIONING if cell.name == "rnn_relu" else 4
+    z = torch.bernoulli(torch.full((T, B, S * H), 0.3, device="cuda", dtype=torch.float64)).to(dtype)
+    kw = dict(cell=cell, zoneout=z, num_heads=NH)
+    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], lengths,
+                             **{**kw, "zoneout": z.double()})
+    ours = forward_backward(p, "cuda", upstream, lengths, **kw)
+    python = relative_errors(forward_backward(p, "python", upstream, lengths, **kw), exact)
+    floors = conditioning(p, upstream, cell, lengths, unit, zoneout=z, num_heads=NH)
+    for name, a, b, k in zip(NAMES[cell.name], relative_errors(ours, exact), python, floors):
+        assert a <= max(1.5 * b, relu * k, floor), f"{name}: cuda {a:.2e}, python {b:.2e}, the draw's conditioning {k:.2e}"
+    assert torch.all(ours[0][17:, 3] == 0) and torch.all(ours[0][:, 2] == 0)
+    assert all(torch.equal(a, b) for a, b in zip(ours, forward_backward(p, "cuda", upstream, lengths, **kw)))
+    names = kernel_names([t.requires_grad_() for t in p], lengths, cell=cell, zoneout=z, num_heads=NH)
+    assert [any(f"{kind}_kernel<" in n for n in names) for kind in ("forward", "backward")] == [True, True], sorted(names)
+
+
 def test_cells_of_one_shape_never_share_a_captured_graph():
     """The RNN's tanh and ReLU cells have one shape (one gate block, one saved block). On the stepped path
     (float64) with one B, H, dtype and stream, each replays its own cached graphs (lltm_cuda_stepped.cu keys
@@ -471,9 +516,12 @@ def test_forcing_one_path(path, B, persistent):
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_kernels_are_clean_under_compute_sanitizer(tool, cell):
     # One process per cell and tool, so that xdist spreads the sanitizer's slow runs over the workers.
-    sizes = {"lltm": (64, "float32", 128, "bfloat16", 256, "float16", 512, "bfloat16", 200, "float32"),
-             "lstm": (128, "float32", 512, "float16", 200, "bfloat16"),
-             "gru": (64, "float32", 256, "bfloat16", 96, "bfloat16")}.get(cell, (64, "float32", 256, "bfloat16", 96, "float16"))
+    # (H, dtype, num_heads): the persistent kernels of each width, heads on them, the stepped path
+    sizes = {"lltm": (64, "float32", 1, 128, "bfloat16", 1, 256, "float16", 1, 512, "bfloat16", 1, 200, "float32", 1,
+                      192, "bfloat16", 3),
+             "lstm": (128, "float32", 1, 512, "float16", 1, 200, "bfloat16", 1, 512, "bfloat16", 2),
+             "gru": (64, "float32", 1, 256, "bfloat16", 1, 96, "bfloat16", 1, 256, "float32", 2)
+             }.get(cell, (64, "float32", 1, 256, "bfloat16", 1, 96, "float16", 1, 768, "float16", 3))
     code = f"""
 import torch
 torch.set_float32_matmul_precision("high")  # float32 on the persistent kernels too
@@ -481,16 +529,17 @@ lengths = torch.tensor([5, 1, 0, 3, 5, 5, 2, 4, 5, 1, 5])
 from lltm_train.functional import rnn_layer
 from lltm_train.ops.cells import CELLS
 sizes = {sizes!r}
-for H, dtype in zip(sizes[::2], sizes[1::2]):
+for H, dtype, NH in zip(sizes[::3], sizes[1::3], sizes[2::3]):
     cell, dtype = CELLS[{cell!r}], getattr(torch, dtype)
     G = cell.num_gates
     x = torch.randn(5, 11, 7, device="cuda", dtype=dtype, requires_grad=True)
     w_ih = torch.randn(G * H, 7, device="cuda", dtype=dtype) * 0.3
-    w_hh = torch.randn(G * H, H, device="cuda", dtype=dtype) * 0.05
+    w_hh = torch.randn(G * H, H // NH, device="cuda", dtype=dtype) * 0.05
     biases = [torch.randn(G * H, device="cuda", dtype=dtype) * 0.1 for _ in cell.biases]
     zoneout = torch.bernoulli(torch.full((5, 11, len(cell.states) * H), 0.3, device="cuda")).to(dtype)
     for lens, z in ((None, None), (lengths, zoneout)):  # (zoneout with the lengths: one more code path, no more runs)
-        out, state = rnn_layer(cell, x, None, w_ih, w_hh, *biases, lengths=lens, backend="cuda", zoneout=z)
+        out, state = rnn_layer(cell, x, None, w_ih, w_hh, *biases, lengths=lens, backend="cuda", zoneout=z,
+                               num_heads=NH)
         (out.float().sum() + state[0].float().sum()).backward()
 torch.cuda.synchronize()
 print("DONE")

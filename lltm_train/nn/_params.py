@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..backends import check_backend_name
+from ..checks import positive_int
 from ..ops.cells import CellSpec, cell_spec
 
 
@@ -60,8 +61,7 @@ def _cudagraph_trees_in_use(device: torch.device) -> bool:
 
 def check_heads(owner: str, hidden_size: int, num_heads) -> int:
     """num_heads: a positive integer that divides hidden_size (ValueError otherwise)."""
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
-        raise ValueError(f"{owner}: num_heads must be a positive integer, got {num_heads!r}")
+    positive_int(owner, "num_heads", num_heads)
     if hidden_size % num_heads:
         raise ValueError(f"{owner}: hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}): each "
                          "head is hidden_size / num_heads units wide")
