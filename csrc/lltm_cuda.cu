@@ -48,25 +48,28 @@ bool use_persistent(const at::Tensor& t, int64_t H, int64_t num_heads) {
   return !path_forced(any_batch) && persistent_supports<Cell>(t.scalar_type(), H, t.size(1), num_heads, any_batch);
 }
 
-// Heads (lltm.h) run natively where a persistent kernel takes their width; elsewhere the dense block-diagonal
-// matrix goes to whichever path takes the whole width (the stepped GEMM, or a persistent kernel of width H).
+// Which path runs, in one lookup where heads run natively. Heads (lltm.h) run natively where a persistent kernel
+// takes their width; elsewhere `on` gets the dense block-diagonal matrix for whichever path takes the whole width
+// (the stepped GEMM, or a persistent kernel of width H). Returns whether the persistent kernels run.
 template <typename Cell, typename Tensors>
-Tensors dense_unless_persistent(const Tensors& in, const at::Tensor& t, int64_t H) {
-  Tensors on = in;
-  if (in.num_heads > 1 && !use_persistent<Cell>(t, H, in.num_heads)) {
-    on.weight_hh = dense_heads(in.weight_hh, Cell::kGates, in.num_heads);
-    on.num_heads = 1;
+bool plan(Tensors& on, const at::Tensor& t, int64_t H) {
+  if (use_persistent<Cell>(t, H, on.num_heads)) {
+    return true;
   }
-  return on;
+  if (on.num_heads == 1) {
+    return false;
+  }
+  on.weight_hh = dense_heads(on.weight_hh, Cell::kGates, on.num_heads);
+  on.num_heads = 1;
+  return use_persistent<Cell>(t, H, 1);
 }
 
 template <typename Cell>
 void forward(const ForwardTensors& f) {
   const c10::cuda::CUDAGuard guard(f.gates.device());
-  const int64_t H = f.h0.size(1);
-  ForwardTensors on = dense_unless_persistent<Cell>(f, f.gates, H);
+  ForwardTensors on = f;
   on.lengths = on_device(f.lengths, f.gates);
-  if (use_persistent<Cell>(f.gates, H, on.num_heads)) {
+  if (plan<Cell>(on, f.gates, f.h0.size(1))) {
     persistent_forward<Cell>(on);
   } else {
     stepped_forward<Cell>(on);
@@ -76,10 +79,9 @@ void forward(const ForwardTensors& f) {
 template <typename Cell>
 void backward(const BackwardTensors& g) {
   const c10::cuda::CUDAGuard guard(g.activations.device());
-  const int64_t H = g.h0.size(1);
-  BackwardTensors on = dense_unless_persistent<Cell>(g, g.activations, H);
+  BackwardTensors on = g;
   on.lengths = on_device(g.lengths, g.activations);
-  if (use_persistent<Cell>(g.activations, H, on.num_heads)) {
+  if (plan<Cell>(on, g.activations, g.h0.size(1))) {
     persistent_backward<Cell>(on);
   } else {
     stepped_backward<Cell>(on);
