@@ -16,6 +16,12 @@
 //                    the x-side one of every gate that is not split), then the split gate's x-side one.
 //   kNeedsCPrev, kNeedsHPrev   whether the backward reads c or h of the step before (LSTM: the forget
 //                    gate's gradient; GRU: h' = (1 - z) n + z h).
+//   kCellBlocks (C)  blocks of H in the ops' c state: 1 with a c state, 0 without, 3 for the sLSTM, whose
+//                    c0, c_n, `cells` and grad_c0 pack its states (c, n, m) as [c | n | m], C H a row.
+//   State<acc_t>     one unit's c state in registers: acc_t itself, or SLSTMState; the step functions
+//                    below take it (load_state, store_state move it to and from memory).
+//   kZoneout         whether the ops take zoneout factors for the cell (not the sLSTM: its n and m are not
+//                    states to keep half of).
 //   forward(gx, gh, c_prev, h_prev, saved, c, h)
 //       gx[G]: x-side pre-activations (x W_ih^T + b_ih, plus b_hh for the gates that are not split);
 //       gh[G]: h-side ones (h W_hh^T, plus b_hn for the split gate); c_prev, h_prev: the state before.
@@ -33,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 // Always inlined: the CPU's loops vectorise only with the math inlined into each ISA clone of the caller.
 #if defined(__CUDACC__)
@@ -50,6 +57,13 @@ LLTM_HOST_DEVICE acc_t sigmoid(acc_t x) {
   return acc_t(1) / (acc_t(1) + M::exp(-x));
 }
 
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), exact in both tails (no log of a rounded 1 or 0).
+template <typename acc_t, typename M>
+LLTM_HOST_DEVICE acc_t log_sigmoid(acc_t x) {
+  const acc_t neg = x < acc_t(0) ? x : -x;  // -|x| (NaN stays NaN through exp and log1p)
+  return (x < acc_t(0) ? x : acc_t(0)) - M::log1p(M::exp(neg));
+}
+
 // The LLTM, from PyTorch's "Custom C++ and CUDA Extensions" tutorial: gates (input, output, candidate),
 //   i = sigmoid(g_i), o = sigmoid(g_o), z = elu(g_z); c' = c + i z (no forget gate); h' = tanh(c') o.
 struct LLTMCell {
@@ -58,6 +72,10 @@ struct LLTMCell {
   static constexpr int kBiases = 1;
   static constexpr int kGates = 3, kSaved = 3, kGradBlocks = 3;
   static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = false, kNeedsHPrev = false;
+  static constexpr int kCellBlocks = 1;
+  static constexpr bool kZoneout = true;
+  template <typename T>
+  using State = T;
 
   template <typename acc_t, typename M>
   LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[3], const acc_t (&gh)[3], acc_t c_prev, acc_t,
@@ -95,6 +113,10 @@ struct LSTMCell {
   static constexpr int kBiases = 2;
   static constexpr int kGates = 4, kSaved = 4, kGradBlocks = 4;
   static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = true, kNeedsHPrev = false;
+  static constexpr int kCellBlocks = 1;
+  static constexpr bool kZoneout = true;
+  template <typename T>
+  using State = T;
 
   template <typename acc_t, typename M>
   LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[4], const acc_t (&gh)[4], acc_t c_prev, acc_t,
@@ -135,6 +157,10 @@ struct GRUCell {
   static constexpr int kBiases = 2;
   static constexpr int kGates = 3, kSaved = 4, kGradBlocks = 4;
   static constexpr bool kHasCell = false, kSplit = true, kNeedsCPrev = false, kNeedsHPrev = true;
+  static constexpr int kCellBlocks = 0;
+  static constexpr bool kZoneout = true;
+  template <typename T>
+  using State = T;
 
   template <typename acc_t, typename M>
   LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[3], const acc_t (&gh)[3], acc_t, acc_t h_prev,
@@ -165,6 +191,10 @@ struct RNNShape {
   static constexpr int kBiases = 2;
   static constexpr int kGates = 1, kSaved = 1, kGradBlocks = 1;
   static constexpr bool kHasCell = false, kSplit = false, kNeedsCPrev = false, kNeedsHPrev = false;
+  static constexpr int kCellBlocks = 0;
+  static constexpr bool kZoneout = true;
+  template <typename T>
+  using State = T;
 };
 
 struct RNNTanhCell : RNNShape {
@@ -206,6 +236,97 @@ struct RNNReLUCell : RNNShape {
   }
 };
 
+// The sLSTM's states of one unit: the cell c, the normalizer n and the stabilizer m (log space).
+template <typename acc_t>
+struct SLSTMState {
+  acc_t c = acc_t(0), n = acc_t(0), m = acc_t(0);
+};
+
+// The sLSTM (Beck et al. 2024, "xLSTM: Extended Long Short-Term Memory", eqs. 8-17 with the stabilizer of
+// eqs. 15-17; FlashRNN's `slstm` function with a sigmoid forget gate): gates (input, forget, cell, output)
+// of pre-activations i~, f~, z~, o~ (one bias, as the LLTM's):
+//   L = m + log_sigmoid(f~);  m' = i~ where n == 0 (a unit's first step), else max(i~, L) (a tie to i~)
+//   i = exp(i~ - m'), f = exp(L - m') (0 where n == 0: no history), c' = f c + i tanh(z~), n' = f n + i,
+//   h' = sigmoid(o~) c' / n'.
+// Saved: the four pre-activations (the `gates` buffer itself); the backward recomputes the gates from the
+// state before (kNeedsCPrev) and takes m' from the state after. It is exact, the max included: m' = i~
+// (alpha = 1) or L (alpha = 0) passes its gradient to that side.
+struct SLSTMCell {
+  static constexpr const char* kName = "slstm";
+  static constexpr const char* kOpPrefix = "slstm_";
+  static constexpr int kBiases = 1;
+  static constexpr int kGates = 4, kSaved = 4, kGradBlocks = 4;
+  static constexpr bool kHasCell = true, kSplit = false, kNeedsCPrev = true, kNeedsHPrev = false;
+  static constexpr int kCellBlocks = 3;
+  static constexpr bool kZoneout = false;
+  template <typename T>
+  using State = SLSTMState<T>;
+
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void forward(const acc_t (&gx)[4], const acc_t (&gh)[4], SLSTMState<acc_t> prev, acc_t,
+                                       acc_t (&s)[4], SLSTMState<acc_t>& next, acc_t& h) {
+LLTM_UNROLL
+    for (int q = 0; q < 4; ++q) s[q] = gx[q] + gh[q];
+    const acc_t L = prev.m + log_sigmoid<acc_t, M>(s[1]);
+    const bool first = prev.n == acc_t(0);  // no history: f = 0 (exp(L - i~) may overflow, and 0 * inf is NaN)
+    const acc_t m = first || !(s[0] < L) ? s[0] : L;
+    const acc_t i = M::exp(s[0] - m), f = first ? acc_t(0) : M::exp(L - m);
+    next.c = f * prev.c + i * M::tanh(s[2]);
+    next.n = f * prev.n + i;
+    next.m = m;
+    h = sigmoid<acc_t, M>(s[3]) * next.c / next.n;
+  }
+
+  // dc: dL/d(c', n', m') on entry, dL/d(c, n, m) on return.
+  template <typename acc_t, typename M>
+  LLTM_HOST_DEVICE static void backward(acc_t dh, SLSTMState<acc_t>& dc, const acc_t (&s)[4], SLSTMState<acc_t> next,
+                                        SLSTMState<acc_t> prev, acc_t, acc_t (&dg)[4], acc_t& dh_prev) {
+    const acc_t L = prev.m + log_sigmoid<acc_t, M>(s[1]);
+    const bool first = prev.n == acc_t(0), to_i = first || !(s[0] < L);  // alpha: m' = i~
+    const acc_t i = M::exp(s[0] - next.m), f = first ? acc_t(0) : M::exp(L - next.m), z = M::tanh(s[2]);
+    const acc_t o = sigmoid<acc_t, M>(s[3]), inv_n = acc_t(1) / next.n;
+    const acc_t d_c = dc.c + dh * o * inv_n;                      // dL/dc'
+    const acc_t d_n = dc.n - dh * o * next.c * inv_n * inv_n;     // dL/dn'
+    const acc_t di = d_c * z + d_n, df = d_c * prev.c + d_n * prev.n;  // dL/di, dL/df
+    // i = exp(i~ - m'), f = exp(L - m'), m' = alpha i~ + (1 - alpha) L
+    const acc_t d_i_raw = to_i ? -df * f + dc.m : di * i;
+    const acc_t d_L = to_i ? df * f : -di * i + dc.m;
+    dg[0] = d_i_raw;
+    dg[1] = d_L * sigmoid<acc_t, M>(-s[1]);  // d log_sigmoid(x) / dx = sigmoid(-x)
+    dg[2] = d_c * i * (acc_t(1) - z * z);
+    dg[3] = dh * next.c * inv_n * o * (acc_t(1) - o);
+    dc.c = d_c * f;
+    dc.n = d_n * f;
+    dc.m = d_L;
+    dh_prev = acc_t(0);
+  }
+};
+
+// One unit's c state to and from memory: blocks `stride` apart (c, then n and m for the sLSTM).
+template <typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void load_state(const scalar_t* p, int64_t, acc_t& v) {
+  v = acc_t(p[0]);
+}
+
+template <typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void load_state(const scalar_t* p, int64_t stride, SLSTMState<acc_t>& v) {
+  v.c = acc_t(p[0]);
+  v.n = acc_t(p[stride]);
+  v.m = acc_t(p[2 * stride]);
+}
+
+template <typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void store_state(scalar_t* p, int64_t, acc_t v) {
+  p[0] = scalar_t(v);
+}
+
+template <typename acc_t, typename scalar_t>
+LLTM_HOST_DEVICE void store_state(scalar_t* p, int64_t stride, const SLSTMState<acc_t>& v) {
+  p[0] = scalar_t(v.c);
+  p[stride] = scalar_t(v.n);
+  p[2 * stride] = scalar_t(v.m);
+}
+
 // Reads (writes) the N blocks of one unit from (to) memory laid out as N blocks of H.
 template <int N, typename acc_t, typename scalar_t>
 LLTM_HOST_DEVICE void load_blocks(const scalar_t* p, int64_t H, acc_t (&v)[N]) {
@@ -243,15 +364,23 @@ LLTM_HOST_DEVICE acc_t lerp(acc_t from, acc_t to, acc_t w) {
 // the running state, updated (kept by a finished row; h must hold h_{t-1} under zoneout, whatever the cell);
 // s: the activations to save (zeros for a finished row, so that every output of the op is defined); z: the
 // step's zoneout. Returns the step's output (zero for a finished row).
+// The cell's c state of one unit in registers (Cell::State: acc_t, or the sLSTM's three).
+template <typename Cell, typename acc_t>
+using CellState = typename Cell::template State<acc_t>;
+
 template <typename Cell, typename M, bool kRun, typename acc_t>
-LLTM_HOST_DEVICE acc_t forward_values(const acc_t (&gx)[Cell::kGates], const acc_t (&gh)[Cell::kGates], acc_t& c,
-                                      acc_t& h, acc_t (&s)[Cell::kSaved], const Zoneout<acc_t>& z = {}) {
+LLTM_HOST_DEVICE acc_t forward_values(const acc_t (&gx)[Cell::kGates], const acc_t (&gh)[Cell::kGates],
+                                      CellState<Cell, acc_t>& c, acc_t& h, acc_t (&s)[Cell::kSaved],
+                                      const Zoneout<acc_t>& z = {}) {
   if constexpr (kRun) {
-    acc_t c_new = c, h_new;
+    CellState<Cell, acc_t> c_new = c;
+    acc_t h_new;
     Cell::template forward<acc_t, M>(gx, gh, c, h, s, c_new, h_new);
-    if (z.on) {  // h (and c) hold the state before the step
-      if constexpr (Cell::kHasCell) c_new = lerp(c_new, c, z.c);
-      h_new = lerp(h_new, h, z.h);
+    if constexpr (Cell::kZoneout) {
+      if (z.on) {  // h (and c) hold the state before the step
+        if constexpr (Cell::kHasCell) c_new = lerp(c_new, c, z.c);
+        h_new = lerp(h_new, h, z.h);
+      }
     }
     c = c_new;
     h = h_new;
@@ -265,20 +394,22 @@ LLTM_UNROLL
 
 // The same step on memory (kRun a template argument, so that the CPU's loops over units stay branch-free;
 // the overload after it takes it at run time). gx: G blocks of stride H; saved: kSaved blocks of stride H
-// (may be gx itself: read before written); output, cell_out: this step's slots (cell_out: cells with c).
+// (may be gx itself: read before written); output, cell_out: this step's slots (cell_out: cells with c, its
+// blocks H apart).
 template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
-LLTM_HOST_DEVICE void forward_step(const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
+LLTM_HOST_DEVICE void forward_step(const scalar_t* gx, const acc_t (&gh)[Cell::kGates], CellState<Cell, acc_t>& c, acc_t& h,
                                    scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H,
                                    const Zoneout<acc_t>& z = {}) {
   acc_t x[Cell::kGates], s[Cell::kSaved];
   if constexpr (kRun) load_blocks(gx, H, x);
   *output = scalar_t(forward_values<Cell, M, kRun>(x, gh, c, h, s, z));
   store_blocks(saved, H, s);
-  if constexpr (Cell::kHasCell) *cell_out = scalar_t(c);
+  if constexpr (Cell::kHasCell) store_state(cell_out, H, c);
 }
 
 template <typename Cell, typename M, typename acc_t, typename scalar_t>
-LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&gh)[Cell::kGates], acc_t& c, acc_t& h,
+LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&gh)[Cell::kGates], CellState<Cell, acc_t>& c,
+                                   acc_t& h,
                                    scalar_t* saved, scalar_t* output, scalar_t* cell_out, int64_t H,
                                    const Zoneout<acc_t>& z = {}) {
   if (run) {
@@ -295,21 +426,25 @@ LLTM_HOST_DEVICE void forward_step(bool run, const scalar_t* gx, const acc_t (&g
 // is then the state after zoneout: the cell's own c is recomputed). Writes the gate gradients dg (zero for a
 // finished row) and returns the part of dL/dh_{t-1} that does not go through W_hh.
 template <typename Cell, typename M, bool kRun, typename acc_t>
-LLTM_HOST_DEVICE acc_t backward_values(acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved], acc_t c,
-                                       acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
+LLTM_HOST_DEVICE acc_t backward_values(acc_t dh_later, acc_t d_out, CellState<Cell, acc_t>& dc,
+                                       const acc_t (&s)[Cell::kSaved], CellState<Cell, acc_t> c,
+                                       CellState<Cell, acc_t> c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
                                        const Zoneout<acc_t>& z = {}) {
   acc_t dh_prev = dh_later;  // a finished row: h_t is h_{t-1}
   if constexpr (kRun) {
-    if (z.on) {  // lerp(new, previous, z): (1 - z) of each gradient to the step, z straight to the state before
-      const acc_t dh = dh_later + d_out, dc_t = dc;
-      if constexpr (Cell::kHasCell) {
-        c = Cell::cell_update(s, c_prev);
-        dc = (acc_t(1) - z.c) * dc_t;
+    if constexpr (Cell::kZoneout) {
+      if (z.on) {  // lerp(new, previous, z): (1 - z) of each gradient to the step, z straight to the state before
+        const acc_t dh = dh_later + d_out;
+        const CellState<Cell, acc_t> dc_t = dc;
+        if constexpr (Cell::kHasCell) {
+          c = Cell::cell_update(s, c_prev);
+          dc = (acc_t(1) - z.c) * dc_t;
+        }
+        Cell::template backward<acc_t, M>((acc_t(1) - z.h) * dh, dc, s, c, c_prev, h_prev, dg, dh_prev);
+        dh_prev += z.h * dh;
+        if constexpr (Cell::kHasCell) dc += z.c * dc_t;
+        return dh_prev;
       }
-      Cell::template backward<acc_t, M>((acc_t(1) - z.h) * dh, dc, s, c, c_prev, h_prev, dg, dh_prev);
-      dh_prev += z.h * dh;
-      if constexpr (Cell::kHasCell) dc += z.c * dc_t;
-      return dh_prev;
     }
     Cell::template backward<acc_t, M>(dh_later + d_out, dc, s, c, c_prev, h_prev, dg, dh_prev);
   } else {
@@ -320,8 +455,9 @@ LLTM_UNROLL
 }
 
 template <typename Cell, typename M, typename acc_t>
-LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const acc_t (&s)[Cell::kSaved],
-                                       acc_t c, acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
+LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, CellState<Cell, acc_t>& dc,
+                                       const acc_t (&s)[Cell::kSaved], CellState<Cell, acc_t> c,
+                                       CellState<Cell, acc_t> c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks],
                                        const Zoneout<acc_t>& z = {}) {
   return run ? backward_values<Cell, M, true>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg, z)
              : backward_values<Cell, M, false>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg);
@@ -330,8 +466,8 @@ LLTM_HOST_DEVICE acc_t backward_values(bool run, acc_t dh_later, acc_t d_out, ac
 // The same step on memory: saved (kSaved blocks of stride H) read, the gate gradients stored to `grad`
 // (kGradBlocks blocks of stride H) and left in dg.
 template <typename Cell, typename M, bool kRun, typename acc_t, typename scalar_t>
-LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
-                                     acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
+LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, CellState<Cell, acc_t>& dc, const scalar_t* saved,
+                                     CellState<Cell, acc_t> c, CellState<Cell, acc_t> c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
                                      int64_t H, const Zoneout<acc_t>& z = {}) {
   acc_t s[Cell::kSaved];
   if constexpr (kRun) load_blocks(saved, H, s);
@@ -341,8 +477,9 @@ LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, acc_t& dc, con
 }
 
 template <typename Cell, typename M, typename acc_t, typename scalar_t>
-LLTM_HOST_DEVICE acc_t backward_step(bool run, acc_t dh_later, acc_t d_out, acc_t& dc, const scalar_t* saved, acc_t c,
-                                     acc_t c_prev, acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
+LLTM_HOST_DEVICE acc_t backward_step(bool run, acc_t dh_later, acc_t d_out, CellState<Cell, acc_t>& dc,
+                                     const scalar_t* saved, CellState<Cell, acc_t> c, CellState<Cell, acc_t> c_prev,
+                                     acc_t h_prev, acc_t (&dg)[Cell::kGradBlocks], scalar_t* grad,
                                      int64_t H, const Zoneout<acc_t>& z = {}) {
   return run ? backward_step<Cell, M, true>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H, z)
              : backward_step<Cell, M, false>(dh_later, d_out, dc, saved, c, c_prev, h_prev, dg, grad, H);

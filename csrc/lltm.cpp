@@ -113,8 +113,15 @@ Sizes check_inputs(const std::string& op, const Tensor& input, const Tensor& h0,
   return s;
 }
 
+// The layout of a cell's c state: (B, hidden_size), or the sLSTM's (B, 3 * hidden_size) of [c | n | m].
+template <typename Cell>
+std::string cell_layout() {
+  return Cell::kCellBlocks == 1 ? "(B, hidden_size)" : "(B, " + std::to_string(Cell::kCellBlocks) + " * hidden_size)";
+}
+
+template <typename Cell>
 void check_c0(const std::string& op, const Tensor& c0, const Sizes& s, const Tensor& input) {
-  check_shape(op, "c0", c0, {s.B, s.H}, "(B, hidden_size)");
+  check_shape(op, "c0", c0, {s.B, Cell::kCellBlocks * s.H}, cell_layout<Cell>());
   check_like(op, "c0", c0, input);
 }
 
@@ -147,6 +154,8 @@ Tensor check_lengths(const std::string& op, const OptTensor& lengths, const Size
 template <typename Cell>
 Tensor check_zoneout(const std::string& op, const OptTensor& zoneout, const Sizes& s, const Tensor& input) {
   if (!zoneout.has_value()) return Tensor();
+  TORCH_CHECK(Cell::kZoneout, op + ": the " + Cell::kName + " cell takes no zoneout (its states are not "
+                              "kept by halves); pass zoneout=None");
   constexpr int S = Cell::kHasCell ? 2 : 1;
   check_shape(op, "zoneout", *zoneout, {s.T, s.B, S * s.H},
               std::string("(T, B, ") + (S == 2 ? "2 * " : "") + "hidden_size)");
@@ -204,7 +213,7 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   constexpr int G = Cell::kGates;
   const std::string op = op_name<Cell>(false);
   const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh, a.num_heads);
-  if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
+  if (Cell::kHasCell) check_c0<Cell>(op, a.c0, s, a.input);
   check_bias(op, Schema<Cell>::bias_name(), a.bias_ih, G * s.H, G, a.input);
   check_bias(op, "bias_hh", a.bias_hh, G * s.H, G, a.input);
   const Tensor lens = check_lengths(op, a.lengths, s);
@@ -229,8 +238,8 @@ LayerOutputs layer_forward(const LayerInputs& a, const Recurrence& r) {
   f.h_n = at::empty({s.B, s.H}, opts);
   if constexpr (Cell::kHasCell) {
     f.c0 = a.c0.contiguous();
-    f.cells = at::empty({kept, s.B, s.H}, opts);
-    f.c_n = at::empty({s.B, s.H}, opts);
+    f.cells = at::empty({kept, s.B, Cell::kCellBlocks * s.H}, opts);
+    f.c_n = at::empty({s.B, Cell::kCellBlocks * s.H}, opts);
   }
   if (s.B > 0 && s.H > 0) r.forward(f);
   if (!a.save) return {f.output, f.h_n, f.c_n, Cell::kHasCell ? at::empty({0}, opts) : Tensor(), at::empty({0}, opts)};
@@ -242,7 +251,7 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
   const std::string op = op_name<Cell>(true);
   const Sizes s = check_inputs<Cell>(op, a.input, a.h0, a.weight_ih, a.weight_hh, a.num_heads);
-  if (Cell::kHasCell) check_c0(op, a.c0, s, a.input);
+  if (Cell::kHasCell) check_c0<Cell>(op, a.c0, s, a.input);
   const int64_t T = s.T, B = s.B, H = s.H, I = s.I;
   const auto opts = a.input.options();
   BackwardTensors b;
@@ -259,10 +268,11 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   b.grad_gates = at::empty({T, B, GB * H}, opts);
   b.grad_h0 = at::empty({B, H}, opts);
   if constexpr (Cell::kHasCell) {
-    b.grad_c_n = optional_grad(op, "grad_c_n", a.grad_c_n, {B, H}, a.input);
-    b.cells = checked(op, "cells", a.cells, {T, B, H}, a.input);
+    constexpr int C = Cell::kCellBlocks;
+    b.grad_c_n = optional_grad(op, "grad_c_n", a.grad_c_n, {B, C * H}, a.input);
+    b.cells = checked(op, "cells", a.cells, {T, B, C * H}, a.input);
     b.c0 = a.c0.contiguous();
-    b.grad_c0 = at::empty({B, H}, opts);
+    b.grad_c0 = at::empty({B, C * H}, opts);
   }
   // The weight gradients' left operands, transposed by the CPU loop for oneDNN (see weight_grad).
   const Tensor dg = b.grad_gates.view({T * B, GB * H});

@@ -31,6 +31,8 @@ struct LibmMath {
   static T expm1(T x) { return std::expm1(x); }
   template <typename T>
   static T tanh(T x) { return std::tanh(x); }
+  template <typename T>
+  static T log1p(T x) { return std::log1p(x); }
 };
 
 // float32: branch-free approximations that the compiler vectorises (libm calls would keep the loop
@@ -57,6 +59,29 @@ struct FastFloatMath {
   }
   static float expm1(float x) { return exp(x) - 1.0f; }
   static float tanh(float x) { return 1.0f - 2.0f / (exp(2.0f * x) + 1.0f); }
+  // log of a positive normal x: x = 2^e u with u in [sqrt(1/2), sqrt(2)), log u = 2 atanh(s), s = (u - 1) / (u + 1),
+  // |s| <= 0.172, by its series to s^9 (truncation < 2e-9).
+  static float log(float x) {
+    const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+    float e = static_cast<float>(static_cast<int32_t>(bits >> 23) - 127);
+    float u = __builtin_bit_cast(float, (bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+    const bool high = u > 1.41421356f;
+    u = high ? 0.5f * u : u;
+    e = high ? e + 1.0f : e;
+    const float s = (u - 1.0f) / (u + 1.0f), s2 = s * s;
+    float p = 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    p = p * s2 + 1.0f;
+    return 2.0f * s * p + e * 0.693147180559945f;
+  }
+  // log1p of x in [0, 1] (the sLSTM's log_sigmoid asks no more): Goldberg's log(u) x / (u - 1), u = 1 + x
+  // rounded, which cancels the rounding of u; x itself where u rounds to 1.
+  static float log1p(float x) {
+    const float u = 1.0f + x;
+    return u == 1.0f ? x : log(u) * (x / (u - 1.0f));
+  }
 };
 
 // Where one thread's rows are in a step. Rows of `gx` (the x-side pre-activations) hold G blocks of H,
@@ -66,11 +91,11 @@ struct RowsForward {
   const scalar_t* gx;
   const scalar_t* gh;
   const scalar_t* bias_hn;  // or null
-  const scalar_t* c_prev;   // c_{t-1} (cells with a c state)
+  const scalar_t* c_prev;   // c_{t-1} (cells with a c state; rows of C H, C = Cell::kCellBlocks)
   const scalar_t* h_prev;   // h_{t-1}
   scalar_t* saved;
   scalar_t* output;
-  scalar_t* cells;          // c_t (cells with a c state)
+  scalar_t* cells;          // c_t (cells with a c state; rows of C H)
   const int64_t* lengths;   // of these rows, or null
   const scalar_t* zoneout;  // this step's factors of these rows, (rows, S H), or null
   int64_t t, rows, H;
@@ -86,10 +111,10 @@ template <typename scalar_t, typename acc_t>
 struct RowsBackward {
   const scalar_t* grad_output;  // or null
   scalar_t* dh;                 // (rows, H): dL/dh_t from the later steps in; the direct part of dL/dh_{t-1} out
-  acc_t* dc;                    // (rows, H): the running dL/dc (cells with a c state)
+  acc_t* dc;                    // (rows, C H): the running dL/dc (cells with a c state)
   const scalar_t* saved;
-  const scalar_t* c;            // c_t
-  const scalar_t* c_prev;       // c_{t-1} (kNeedsCPrev)
+  const scalar_t* c;            // c_t (rows of C H)
+  const scalar_t* c_prev;       // c_{t-1} (kNeedsCPrev; rows of C H)
   const scalar_t* h_prev;       // h_{t-1} (kNeedsHPrev)
   scalar_t* grad;
   const int64_t* lengths;
@@ -102,7 +127,7 @@ struct RowsBackward {
 template <typename Cell, typename scalar_t, typename M, bool kRun, bool kBiasHN, bool kZone = false>
 LLTM_HOST_DEVICE void forward_row(const RowsForward<scalar_t>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int G = Cell::kGates, S = Cell::kHasCell ? 2 : 1;
+  constexpr int G = Cell::kGates, S = Cell::kHasCell ? 2 : 1, C = Cell::kCellBlocks;
   const int64_t H = p.H;
   const scalar_t* gx = p.gx + r * G * H;
   const scalar_t* gh = p.gh + r * G * H;
@@ -112,12 +137,13 @@ LLTM_HOST_DEVICE void forward_row(const RowsForward<scalar_t>& p, int64_t r) {
     acc_t h_side[G];
     load_blocks(gh + j, H, h_side);
     if constexpr (kBiasHN) h_side[G - 1] += acc_t(p.bias_hn[j]);
-    acc_t c = Cell::kHasCell ? acc_t(p.c_prev[r * H + j]) : acc_t(0);
+    CellState<Cell, acc_t> c{};
+    if constexpr (Cell::kHasCell) load_state(p.c_prev + r * C * H + j, H, c);
     acc_t h = Cell::kNeedsHPrev || kZone ? acc_t(p.h_prev[r * H + j]) : acc_t(0);
     Zoneout<acc_t> z;
     if constexpr (kZone) z = zoneout_at<Cell, acc_t>(p.zoneout + r * S * H, j, H);
     forward_step<Cell, M, kRun>(gx + j, h_side, c, h, saved + j, p.output + r * H + j,
-                                Cell::kHasCell ? p.cells + r * H + j : nullptr, H, z);
+                                Cell::kHasCell ? p.cells + r * C * H + j : nullptr, H, z);
   }
 }
 
@@ -145,23 +171,28 @@ LLTM_HOST_DEVICE void forward_rows(const RowsForward<scalar_t>& p) {
 template <typename Cell, typename scalar_t, typename M, bool kRun, bool kGradOutput, bool kZone = false>
 LLTM_HOST_DEVICE void backward_row(const RowsBackward<scalar_t, at::opmath_type<scalar_t>>& p, int64_t r) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int S = Cell::kHasCell ? 2 : 1;
+  constexpr int S = Cell::kHasCell ? 2 : 1, C = Cell::kCellBlocks;
   constexpr bool kCPrev = Cell::kNeedsCPrev || (kZone && Cell::kHasCell);
   const int64_t H = p.H;
   const scalar_t* saved = p.saved + r * Cell::kSaved * H;
   scalar_t* grad = p.grad + r * Cell::kGradBlocks * H;
 #pragma GCC ivdep
   for (int64_t j = 0; j < H; ++j) {
-    const int64_t k = r * H + j;
-    acc_t dc = Cell::kHasCell ? p.dc[k] : acc_t(0), dg[Cell::kGradBlocks];
+    const int64_t k = r * H + j, kc = r * C * H + j;
+    CellState<Cell, acc_t> dc{}, c{}, c_prev{};
+    if constexpr (Cell::kHasCell) {
+      load_state(p.dc + kc, H, dc);
+      load_state(p.c + kc, H, c);
+      if constexpr (kCPrev) load_state(p.c_prev + kc, H, c_prev);
+    }
+    acc_t dg[Cell::kGradBlocks];
     const acc_t d_out = kGradOutput ? acc_t(p.grad_output[k]) : acc_t(0);
     Zoneout<acc_t> z;
     if constexpr (kZone) z = zoneout_at<Cell, acc_t>(p.zoneout + r * S * H, j, H);
     const acc_t dh = backward_step<Cell, M, kRun>(
-        acc_t(p.dh[k]), d_out, dc, saved + j, Cell::kHasCell ? acc_t(p.c[k]) : acc_t(0),
-        kCPrev ? acc_t(p.c_prev[k]) : acc_t(0), Cell::kNeedsHPrev ? acc_t(p.h_prev[k]) : acc_t(0), dg,
+        acc_t(p.dh[k]), d_out, dc, saved + j, c, c_prev, Cell::kNeedsHPrev ? acc_t(p.h_prev[k]) : acc_t(0), dg,
         grad + j, H, z);
-    if (Cell::kHasCell) p.dc[k] = dc;
+    if constexpr (Cell::kHasCell) store_state(p.dc + kc, H, dc);
     p.dh[k] = scalar_t(dh);
   }
 }
@@ -343,7 +374,7 @@ T* ptr(const at::Tensor& t) {
 template <typename Cell>
 void forward(const ForwardTensors& f) {
   constexpr int G = Cell::kGates, A = Cell::kSaved, S = Cell::kHasCell ? 2 : 1;
-  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1);
+  const int64_t T = f.gates.size(0), B = f.gates.size(1), H = f.h0.size(1), CH = Cell::kCellBlocks * H;
   const int64_t* lens = ptr<int64_t>(f.lengths);
   const int64_t NH = f.num_heads, DH = H / NH;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.gates.scalar_type(), "lltm_forward_cpu", [&] {
@@ -360,7 +391,7 @@ void forward(const ForwardTensors& f) {
       const int64_t cell_step = step_stride(f.cells), act_step = step_stride(f.activations);
       at::Tensor gh = at::empty({rows, G * H}, f.gates.options());
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t off = (t * B + b0) * H, c_off = t * cell_step + b0 * H;
+        const int64_t off = (t * B + b0) * H, c_off = t * cell_step + b0 * CH;
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(f.h0) + b0 * H : out + off - B * H;
         // single-threaded inside this parallel region
         if (NH > 1) {
@@ -372,7 +403,7 @@ void forward(const ForwardTensors& f) {
         const RowsForward<scalar_t> p{f.gates.data_ptr<scalar_t>() + G * off,
                                       gh.data_ptr<scalar_t>(),
                                       ptr<scalar_t>(f.bias_hn),
-                                      Cell::kHasCell ? (t == 0 ? ptr<scalar_t>(f.c0) + b0 * H : cs + c_off - cell_step) : nullptr,
+                                      Cell::kHasCell ? (t == 0 ? ptr<scalar_t>(f.c0) + b0 * CH : cs + c_off - cell_step) : nullptr,
                                       h_prev,
                                       f.activations.data_ptr<scalar_t>() + t * act_step + A * b0 * H,
                                       out + off,
@@ -390,8 +421,8 @@ void forward(const ForwardTensors& f) {
         const int64_t at_last = ((last - 1) * B + b) * H;
         std::copy_n(last == 0 ? ptr<scalar_t>(f.h0) + b * H : out + at_last, H, ptr<scalar_t>(f.h_n) + b * H);
         if (Cell::kHasCell) {
-          const scalar_t* c_last = last == 0 ? ptr<scalar_t>(f.c0) + b * H : cs + (last - 1) * cell_step + b * H;
-          std::copy_n(c_last, H, ptr<scalar_t>(f.c_n) + b * H);
+          const scalar_t* c_last = last == 0 ? ptr<scalar_t>(f.c0) + b * CH : cs + (last - 1) * cell_step + b * CH;
+          std::copy_n(c_last, CH, ptr<scalar_t>(f.c_n) + b * CH);
         }
       }
     });
@@ -401,7 +432,7 @@ void forward(const ForwardTensors& f) {
 template <typename Cell>
 void backward(const BackwardTensors& g) {
   constexpr int G = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks, S = Cell::kHasCell ? 2 : 1;
-  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1);
+  const int64_t T = g.activations.size(0), B = g.activations.size(1), H = g.h0.size(1), CH = Cell::kCellBlocks * H;
   const int64_t* lens = ptr<int64_t>(g.lengths);
   const int64_t NH = g.num_heads, DH = H / NH;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.activations.scalar_type(), "lltm_backward_cpu", [&] {
@@ -425,20 +456,20 @@ void backward(const BackwardTensors& g) {
       } else {
         std::fill_n(dh, rows * H, scalar_t(0));
       }
-      std::vector<acc_t> dc(Cell::kHasCell ? rows * H : 0, acc_t(0));  // dL/dc_t, in opmath
+      std::vector<acc_t> dc(rows * CH, acc_t(0));  // dL/dc_t, in opmath
       const scalar_t* dc_n = ptr<scalar_t>(g.grad_c_n);
-      if (Cell::kHasCell && dc_n) std::copy_n(dc_n + b0 * H, rows * H, dc.begin());
+      if (Cell::kHasCell && dc_n) std::copy_n(dc_n + b0 * CH, rows * CH, dc.begin());
       const int64_t I = g.input.defined() ? g.input.size(2) : 0;
       for (int64_t t = T - 1; t >= 0; --t) {
-        const int64_t off = (t * B + b0) * H;
+        const int64_t off = (t * B + b0) * H, c_off = (t * B + b0) * CH;
         const scalar_t* h_prev = t == 0 ? ptr<scalar_t>(g.h0) + b0 * H : out + off - B * H;
         const RowsBackward<scalar_t, acc_t> p{
             g.grad_output.defined() ? g.grad_output.data_ptr<scalar_t>() + off : nullptr,
             dh,
             Cell::kHasCell ? dc.data() : nullptr,
             g.activations.data_ptr<scalar_t>() + A * off,
-            Cell::kHasCell ? cs + off : nullptr,
-            c_prev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * H : cs + off - B * H) : nullptr,
+            Cell::kHasCell ? cs + c_off : nullptr,
+            c_prev ? (t == 0 ? ptr<scalar_t>(g.c0) + b0 * CH : cs + c_off - B * CH) : nullptr,
             Cell::kNeedsHPrev ? h_prev : nullptr,
             g.grad_gates.data_ptr<scalar_t>() + GB * off,
             lens ? lens + b0 : nullptr,
@@ -464,7 +495,7 @@ void backward(const BackwardTensors& g) {
                                      w.data_ptr<scalar_t>(), width, dh, H, true);
         }
       }
-      if (Cell::kHasCell) std::copy_n(dc.begin(), rows * H, g.grad_c0.data_ptr<scalar_t>() + b0 * H);
+      if (Cell::kHasCell) std::copy_n(dc.begin(), rows * CH, g.grad_c0.data_ptr<scalar_t>() + b0 * CH);
     });
   });
 }

@@ -824,7 +824,7 @@ void persistent_backward(const BackwardTensors& g) {
   template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, int64_t, bool); \
   template void persistent_forward<CELL>(const ForwardTensors&);                       \
   template void persistent_backward<CELL>(const BackwardTensors&);
-LLTM_FOR_EACH_CELL(LLTM_PERSISTENT)
+LLTM_FOR_EACH_CUDA_CELL(LLTM_PERSISTENT)
 #undef LLTM_PERSISTENT
 
 }  // namespace cuda

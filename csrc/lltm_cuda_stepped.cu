@@ -467,7 +467,7 @@ void stepped_backward(const BackwardTensors& g) {
 #define LLTM_STEPPED(CELL)                                         \
   template void stepped_forward<CELL>(const ForwardTensors&); \
   template void stepped_backward<CELL>(const BackwardTensors&);
-LLTM_FOR_EACH_CELL(LLTM_STEPPED)
+LLTM_FOR_EACH_CUDA_CELL(LLTM_STEPPED)
 #undef LLTM_STEPPED
 
 }  // namespace cuda

@@ -75,16 +75,29 @@ class TokenModelH(nn.Module):
         return logits, h
 
 
+class TokenModelSLSTM(nn.Module):
+    """As :class:`TokenModel`, for the sLSTM's state (h, c, n, m)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: Tensor, h0: Tensor, c0: Tensor, n0: Tensor,
+                m0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        logits, (h, c, n, m) = self.net(tokens, (h0, c0, n0, m0))
+        return logits, h, c, n, m
+
+
 def token_model(net: nn.Module) -> nn.Module:
-    """The exported interface of a character model: :class:`TokenModel`, or :class:`TokenModelH` for a cell
-    whose state is h alone (GRU, RNN)."""
+    """The exported interface of a character model: :class:`TokenModel`, :class:`TokenModelH` for a cell whose
+    state is h alone (GRU, RNN), :class:`TokenModelSLSTM` for the sLSTM's four states."""
     rnn = net.rnn
-    has_c = rnn.cell.has_cell_state if isinstance(rnn, RecurrentLayers) else isinstance(rnn, nn.LSTM)
-    return TokenModel(net) if has_c else TokenModelH(net)
+    states = len(rnn.cell.states) if isinstance(rnn, RecurrentLayers) else 2 if isinstance(rnn, nn.LSTM) else 1
+    return {1: TokenModelH, 2: TokenModel, 4: TokenModelSLSTM}[states](net)
 
 
 def num_states(model: nn.Module) -> int:
-    return 1 if isinstance(model, TokenModelH) else 2
+    return {TokenModelH: 1, TokenModelSLSTM: 4}.get(type(model), 2)
 
 
 def example_inputs(model: nn.Module, T: int = 5, B: int = 3, seed: int = 0) -> tuple[Tensor, ...]:
@@ -100,7 +113,7 @@ def example_inputs(model: nn.Module, T: int = 5, B: int = 3, seed: int = 0) -> t
 def metadata(model: nn.Module, vocab: list[str] | None) -> dict[str, str]:
     """What a program needs besides the file to sample from it (``examples/cpp`` reads them): ``vocab.json``, the
     vocabulary as a JSON list, and ``config.json``, the state's size (``num_layers``, ``hidden_size``, and
-    ``states``: 2 for (h, c), 1 for h alone). The package metadata of ``aoti``, the extra files of the others."""
+    ``states``: 2 for (h, c), 1 for h alone, 4 for the sLSTM's (h, c, n, m)). The package metadata of ``aoti``, the extra files of the others."""
     rnn = model.net.rnn
     return {"vocab.json": json.dumps(vocab or [], ensure_ascii=False),
             "config.json": json.dumps({"num_layers": rnn.num_layers, "hidden_size": rnn.hidden_size,

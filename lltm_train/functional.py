@@ -62,7 +62,7 @@ def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple
         zeros = input.new_zeros(input.shape[batch_dim], weight_hh.shape[-1] * num_heads)
         return (zeros,) * len(spec.states)
     if not isinstance(hx, (tuple, list)) or len(hx) != len(spec.states):
-        want = "a tuple (h, c) of two tensors" if spec.has_cell_state else "a tensor h"
+        want = f"a tuple ({', '.join(spec.states)}) of {len(spec.states)} tensors" if spec.has_cell_state else "a tensor h"
         raise TypeError(f"{op}: hx must be {want} or None, got {type(hx).__name__}")
     return tuple(hx)
 
@@ -176,6 +176,9 @@ def _needs_backward(tensors: tuple) -> bool:
 
 
 def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: Tensor, backend: str) -> None:
+    if not spec.zoneout:
+        raise ValueError(f"{op}: the {spec.title} takes no zoneout (its states {', '.join(spec.states)} are not kept "
+                         "in part); pass zoneout=None")
     if backend == "torch":
         raise ValueError(f"{op}: zoneout runs in the fused backends (python, cpp, cuda); PyTorch's own "
                          f"{spec.title} (backend='torch') has none")
@@ -190,6 +193,17 @@ def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: T
                         f"{zoneout.dtype} on {zoneout.device}")
 
 
+def _op_states(spec: CellSpec, states: tuple) -> tuple:
+    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H)."""
+    return states if spec.cell_blocks <= 1 else (states[0], torch.cat(states[1:], 1))
+
+
+def _check_cuda_kernels(op: str, spec: CellSpec, backend: str) -> None:
+    if backend == "cuda" and not spec.cuda:
+        raise NotImplementedError(f"{op}: the {spec.title} has no CUDA kernels yet; use backend='python' (or 'auto', "
+                                  "which runs it) for CUDA tensors, or backend='cpp' on the CPU")
+
+
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend,
            zoneout=None, num_heads=1):
     tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
@@ -200,13 +214,17 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
     if lengths is not None:
         _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
     chosen = resolve_backend(backend, input.device.type, spec.name)
+    if chosen == "cuda" and not spec.cuda and backend == "auto":
+        chosen = "python"  # (no CUDA kernels for this cell: the reference runs on the GPU)
+    _check_cuda_kernels(op, spec, chosen)
     # (zoneout and num_heads absent from the call at their defaults: exported programs unchanged)
     extra = () if zoneout is None and num_heads == 1 else (zoneout,) + (() if num_heads == 1 else (num_heads,))
     if _uses_compiled(op, chosen, tensors):  # the kernels take the heads' blocks (csrc/lltm.h)
         # The op checks every argument itself (in C++, for nothing on the common path); when it refuses
         # them, the Python checks say what is wrong in this API's terms (TypeError, ValueError, names).
         try:
-            result = getattr(torch.ops.lltm, spec.forward_op)(*tensors, lengths, _needs_backward(tensors), *extra)
+            op_args = (input, *_op_states(spec, states), weight_ih, weight_hh, *biases)
+            result = getattr(torch.ops.lltm, spec.forward_op)(*op_args, lengths, _needs_backward(tensors), *extra)
         except (RuntimeError, TypeError) as exc:
             weight_hh = _dense_weight_hh(op, spec, weight_hh, num_heads)
             _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)
@@ -217,6 +235,8 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
                                           "backward (a C++ autograd function); use backend='python' "
                                           "(torch.vmap works)") from exc
             raise
+        if spec.cell_blocks > 1:  # h_n, then the packed c_n
+            return result[0], (result[1], *result[2].chunk(spec.cell_blocks, 1))
         return result[0], tuple(result[1:1 + len(states)])
     weight_hh = _dense_weight_hh(op, spec, weight_hh, num_heads)  # python and torch: the dense matrix
     _check(op, spec, layout, input, states, weight_ih, weight_hh, biases)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import DEVICE_BACKENDS, layer_args, leaves, upstream_like
+from conftest import DEVICE_BACKENDS, layer_args, leaves, op_states, upstream_like
 from lltm_train import nn as fused
 from lltm_train.functional import dense_weight_hh, rnn_cell, rnn_layer
 from lltm_train.models import recurrent_layer
@@ -247,16 +247,16 @@ def test_opcheck_both_ops_with_heads(device_backend, cell):
     """torch.library.opcheck (schema, fake kernels, autograd registration) with num_heads=3, weight_hh the blocks."""
     device, _ = device_backend
     p = head_args(cell, 4, 3, 5, 3, 2, device)
-    tensors = (p["input"], *p["states"], p["weight_ih"], p["weight_hh"], *p["biases"])
+    tensors = (p["input"], *op_states(cell, p["states"]), p["weight_ih"], p["weight_hh"], *p["biases"])
     forward = getattr(torch.ops.lltm, cell.forward_op)
     torch.library.opcheck(forward, (*tensors, None, True, None, 3))
     out = forward(*tensors, None, True, None, 3)
     assert out[0].shape == (4, 3, 6)
-    n = len(cell.states)
+    n = cell.op_states
     saved = out[n + 1:]  # [cells], activations
     grads = (torch.randn_like(out[0]), *(torch.randn_like(s) for s in out[1:1 + n]))
     backward = getattr(torch.ops.lltm, cell.backward_op)
-    c0 = p["states"][1:] if cell.has_cell_state else ()
+    c0 = op_states(cell, p["states"])[1:]
     args = (*grads, p["input"], p["states"][0], *c0, p["weight_ih"], p["weight_hh"], out[0], *saved, None, None, 3)
     torch.library.opcheck(backward, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     assert backward(*args)[1 + n + 1].shape == p["weight_hh"].shape  # grad_weight_hh: the blocks'

@@ -32,7 +32,8 @@ def test_recurrent_layer_builds_the_named_cell(cell, backend):
     if backend == "torch":
         expected_type = getattr(nn, SPECS[cell].torch_module)
     else:
-        drop_ins = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU, "rnn": fused.RNN, "rnn_relu": fused.RNN}
+        drop_ins = {"lltm": fused.LLTM, "lstm": fused.LSTM, "gru": fused.GRU, "rnn": fused.RNN, "rnn_relu": fused.RNN,
+                    "slstm": fused.SLSTM}
         expected_type = drop_ins.get(cell, fused.RecurrentLayers)  # a cell with no class of its own: the generic one
     assert type(layer) is expected_type
     assert getattr(layer, "nonlinearity", "relu" if cell == "rnn_relu" else "tanh") == ("relu" if cell == "rnn_relu" else "tanh")
@@ -159,9 +160,9 @@ def test_char_lm_refuses_bidirectional():
     lambda: SequenceRegressor(3, 2, 4, cell=""),
 ], ids=["recurrent_layer", "CharLM", "SequenceClassifier", "SequenceRegressor"])
 def test_unknown_cell_names_the_choices(build):
-    with pytest.raises(ValueError, match=r"cell must be one of 'lltm', 'lstm', 'gru', 'rnn', 'rnn_relu'"):
+    with pytest.raises(ValueError, match=r"cell must be one of 'lltm', 'lstm', 'gru', 'rnn', 'rnn_relu', 'slstm'"):
         build()
-    assert CELLS == tuple(SPECS) == ("lltm", "lstm", "gru", "rnn", "rnn_relu")
+    assert CELLS == tuple(SPECS) == ("lltm", "lstm", "gru", "rnn", "rnn_relu", "slstm")
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -88,8 +88,10 @@ def test_float64_outputs_and_gradients_equal_torch_nn(device_backend, name, pack
 def test_cell_modules_match_the_layer_and_torch_nn(name):
     spec = CELLS[name]
     m = CELL_MODULES[name](3, 5, dtype=torch.float64)
-    x, h, c = (torch.randn(2, n, dtype=torch.float64) for n in (3, 5, 5))
-    hx = (h, c) if spec.has_cell_state else h
+    x, *states = (torch.randn(2, n, dtype=torch.float64) for n in (3, *(5 for _ in spec.states)))
+    states = [s.abs() + 0.5 if name == "n" else s for name, s in zip(spec.states, states)]  # (the sLSTM's n > 0)
+    h = states[0]
+    hx = tuple(states) if spec.has_cell_state else h
     layer = MODULES[name](3, 5, dtype=torch.float64, backend="python")
     layer.load_state_dict({f"{k}_l0": v for k, v in m.state_dict().items()})
     _, want = layer(x[None], tuple(t[None] for t in as_tuple(hx)) if spec.has_cell_state else h[None])
@@ -236,7 +238,7 @@ def test_bad_arguments_raise_clear_errors(cell):
                            (torch.randn(5, 2, 3), torch.zeros(2, 4), r"h_0 must be 3-D for batched input, .* = \(2, 2, "
                             r"4\); got 2-D \(2, 4\)")):
         with pytest.raises(ValueError, match=message):
-            m(x, (hx, hx) if cell.has_cell_state else hx)
+            m(x, (hx,) * len(cell.states) if cell.has_cell_state else hx)
     with pytest.raises(ValueError, match="proj_size=3 is not supported" if cell.has_cell_state else "proj_size is only for LSTMs"):
         Module(3, 4, proj_size=3)
     assert Module(3, 4, proj_size=0).proj_size == 0  # torch.nn's default, passed by configs written for it

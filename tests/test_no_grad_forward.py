@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import CUDA_READY, CUDA_SKIP_REASON, forward_args, layer_args
+from conftest import CUDA_READY, CUDA_SKIP_REASON, forward_args, layer_args, op_states
 from lltm_train.functional import rnn_layer
 from lltm_train.nn import recurrent_layers
 from lltm_train.ops.cells import CELLS
@@ -30,7 +30,7 @@ def test_save_false_gives_the_same_outputs_and_keeps_nothing(device_backend, cel
     device, _ = device_backend
     T, B = sizes[:2]
     op = getattr(torch.ops.lltm, cell.forward_op)
-    n = len(cell.states)
+    n = cell.op_states
     for dtype in dtypes(device):
         p = layer_args(cell, *sizes, device, dtype=dtype, requires_grad=False)
         for lengths in (None, torch.arange(B) % (T + 1)):  # row lengths 0, 1, ..., every row finished early
@@ -56,10 +56,11 @@ def test_save_false_still_saves_where_autograd_needs_a_backward(device_backend, 
     device, _ = device_backend
     p = layer_args(cell, 3, 2, 4, 5, device)  # requires grad
     op = getattr(torch.ops.lltm, cell.forward_op)
-    leaves = [t for t in forward_args(cell, p, None) if isinstance(t, torch.Tensor)]
+    args = forward_args(cell, p, None)  # (once: the sLSTM's packed state is a tensor of this graph)
+    leaves = [t for t in args if isinstance(t, torch.Tensor)]
     grads = []
     for save in (True, False):
-        out = op(*forward_args(cell, p, None), save)[0]
+        out = op(*args, save)[0]
         grads.append(torch.autograd.grad(out.square().sum(), leaves))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -72,9 +73,9 @@ def test_backward_of_a_forward_that_saved_nothing_says_so(device_backend, cell):
     device, _ = device_backend
     p = layer_args(cell, 3, 2, 4, 5, device, requires_grad=False)
     result = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p, None), False)
-    n = len(cell.states)
+    n = cell.op_states
     out, finals, saved = result[0], result[1:1 + n], result[1 + n:]
-    c0 = p["states"][1:]  # the cells with a c state: c0
+    c0 = op_states(cell, p["states"])[1:]  # the cells with a c state: c0
     args = (torch.randn_like(out), *(torch.randn_like(s) for s in finals), p["input"], p["states"][0], *c0,
             p["weight_ih"], p["weight_hh"], out, *saved, None)
     with pytest.raises(RuntimeError, match=rf"lltm.{cell.backward_op}: the saved tensors are empty: they come from "

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from conftest import forward_args, layer_args, leaves, run_cell, run_layer, upstream_like
+from conftest import forward_args, layer_args, op_states, leaves, run_cell, run_layer, upstream_like
 from lltm_train.functional import rnn_cell, rnn_layer
 
 F64 = dict(rtol=1e-10, atol=1e-10)
@@ -111,9 +111,9 @@ def test_opcheck_both_ops(device_backend, cell, bias):
         for args in (forward_args(cell, p, lengths), forward_args(cell, d, lengths)):  # with and without autograd
             torch.library.opcheck(forward_op, args)
     result = forward_op(*forward_args(cell, d))
-    n = len(cell.states)
+    n = cell.op_states
     out, finals, saved = result[0], result[1:1 + n], result[1 + n:]  # saved: (cells,) activations
-    c0 = d["states"][1:]  # the cells with a c state: c0
+    c0 = op_states(cell, d["states"])[1:]  # the cells with a c state: c0
     common = (d["input"], d["states"][0], *c0, d["weight_ih"], d["weight_hh"], out, *saved)
     torch.library.opcheck(backward_op, (torch.randn_like(out), *(torch.randn_like(s) for s in finals), *common, None))
     torch.library.opcheck(backward_op, (None, torch.randn_like(finals[0]), *(None,) * (n - 1), *common,
@@ -127,8 +127,9 @@ def test_noncontiguous_and_expanded_inputs(device_backend, cell):
     kw = dict(dtype=torch.float64, device=device)
     x = torch.randn(B, T, I, **kw).transpose(0, 1).requires_grad_()  # time-major view of batch-first data
     states = [torch.randn(1, H, **kw).expand(B, H).requires_grad_()]  # stride 0
-    if cell.has_cell_state:
-        states.append(torch.randn(H, B, **kw).t().requires_grad_())  # transposed
+    for name in cell.states[1:]:  # transposed (the sLSTM's n positive)
+        c = torch.randn(H, B, **kw).t()
+        states.append((c.abs() + 0.5 if name == "n" else c).detach().requires_grad_())
     w_ih = torch.randn(I, G * H, **kw).t().requires_grad_()
     w_hh = torch.randn(G * H, 2 * H, **kw)[:, ::2].requires_grad_()  # strided columns
     biases = [torch.randn(1, **kw).expand(G * H).requires_grad_() for _ in cell.biases]
@@ -161,8 +162,8 @@ def test_batch_one_and_zero(device_backend, cell):
 def test_hidden_size_zero_gives_empty_results_on_every_backend(cell, backend):
     """H = 0 through the functional API: an empty output and state and a zero input gradient on every CPU
     backend (torch's own kernels refuse H = 0, so the torch backend answers as the reference does)."""
-    if backend == "torch" and cell.name == "lltm":
-        pytest.skip("PyTorch has no LLTM")
+    if backend == "torch" and not cell.has_torch:
+        pytest.skip(f"PyTorch has no {cell.title}")
     G = cell.num_gates
     x = torch.randn(4, 3, 2, requires_grad=True)  # float32: oneDNN's LSTM (torch on a CPU) refused H = 0
     weights = [torch.zeros(G * 0, 2), torch.zeros(0, 0)]
@@ -305,9 +306,9 @@ def test_the_cpu_ops_run_under_inference_mode(cell):
     # ops there on the op's own (inference) outputs raised "Inplace update to inference tensor".
     p = layer_args(cell, 4, 6, 3, 5, requires_grad=False)
     want = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, p))
-    n = len(cell.states)
-    c0 = p["states"][1:]  # the cells with a c state: c0
-    upstream = upstream_like(cell, 4, 6, 5)
+    n = cell.op_states
+    c0 = op_states(cell, p["states"])[1:]  # the cells with a c state: c0
+    upstream = [torch.randn_like(t) for t in want[:1 + n]]
     args = (*upstream, p["input"], p["states"][0], *c0, p["weight_ih"], p["weight_hh"], want[0], *want[1 + n:], None)
     want_grads = getattr(torch.ops.lltm, cell.backward_op)(*args)
     with torch.inference_mode():

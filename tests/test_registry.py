@@ -38,7 +38,7 @@ def _names(schema_args) -> list[str]:
 @pytest.mark.parametrize("name", list(CELLS))
 def test_op_schemas_follow_the_spec(name):
     spec = CELLS[name]
-    states, c = spec.states, spec.has_cell_state
+    states, c = spec.states[:spec.op_states], spec.has_cell_state  # the sLSTM's c0 packs its c, n and m
     forward = getattr(torch.ops.lltm, spec.forward_op).default._schema
     assert _names(forward.arguments) == ["input", *(f"{s}0" for s in states), "weight_ih", "weight_hh", *spec.biases,
                                          "lengths", "save", "zoneout", "num_heads"]
@@ -57,11 +57,14 @@ def test_the_op_saves_what_the_spec_says(name):
     """The activations the forward op keeps: spec.saved blocks of H per row and step."""
     spec = CELLS[name]
     T, B, I, H = 3, 2, 4, 5
-    G = spec.num_gates
-    args = [torch.randn(T, B, I), *(torch.zeros(B, H) for _ in spec.states), torch.randn(G * H, I),
+    G, states = spec.num_gates, spec.states[:spec.op_states]
+    args = [torch.randn(T, B, I), torch.zeros(B, H), *(torch.zeros(B, spec.cell_blocks * H) for _ in states[1:]),
+            torch.randn(G * H, I),
             torch.randn(G * H, H), *(torch.zeros(G * H) for _ in spec.biases), None]
     result = getattr(torch.ops.lltm, spec.forward_op)(*args)
     assert result[-1].shape == (T, B, spec.saved * H)
+    if spec.has_cell_state:  # c_n and the cells: the cell_blocks of the c state
+        assert result[2].shape == (B, spec.cell_blocks * H) and result[3].shape == (T, B, spec.cell_blocks * H)
 
 
 @pytest.mark.parametrize("name", list(CELLS))

@@ -12,9 +12,15 @@ from conftest import forward_args, layer_args, leaves, upstream_like
 from lltm_train import nn as fused
 from lltm_train.functional import rnn_layer
 from lltm_train.models import recurrent_layer
-from lltm_train.ops.cells import CELLS
+from lltm_train.ops.cells import CELLS, CellSpec
 
 F64 = dict(rtol=1e-10, atol=1e-10)
+
+
+@pytest.fixture(params=[name for name, spec in CELLS.items() if spec.zoneout])
+def cell(request) -> CellSpec:
+    """Each cell that takes zoneout (not the sLSTM: tests/test_slstm.py checks that it is refused)."""
+    return CELLS[request.param]
 
 
 def factors(spec, T, B, H, device="cpu", dtype=torch.float64, fraction=False):

@@ -31,7 +31,7 @@ def recurrent_layer(cell: str, input_size: int, hidden_size: int, num_layers: in
     """A time-major recurrent layer: ``layer(x (T, B, F) or PackedSequence, state=None) -> (output, state)``.
 
     ``forget_bias``: the forget gate's initial bias in every layer and direction (``bias_ih``'s forget rows;
-    ``bias_hh``'s are zero, so that the two add up to it), for the cells with a forget gate (the LSTM); None
+    ``bias_hh``'s are zero, so that the two add up to it), for the cells with a forget gate (the LSTM, the sLSTM); None
     keeps the uniform initialisation of ``torch.nn``. A bias of 1 keeps the cell state through the first
     steps of training (Gers, Schmidhuber & Cummins 2000; Jozefowicz, Zaremba & Sutskever 2015).
 
@@ -120,12 +120,13 @@ _WEIGHT_DROPPED = {"LSTM": WeightDropLSTM, "GRU": WeightDropGRU, "RNN": WeightDr
 
 @torch.no_grad()
 def set_forget_bias(layer: nn.Module, cell: str, hidden_size: int, value: float) -> None:
-    """Sets the forget-gate rows of every ``bias_ih*`` of ``layer`` to ``value`` and of every ``bias_hh*`` to 0
-    (torch.nn's parameter names and gate order, which every backend shares)."""
+    """Sets the forget-gate rows of every ``bias_ih*`` of ``layer`` (or ``bias*``: a cell of one bias, the sLSTM) to
+    ``value`` and of every ``bias_hh*`` to 0 (torch.nn's parameter names and gate order, which every backend
+    shares)."""
     gate = _SPECS[cell].gates.index("forget")
     rows = slice(gate * hidden_size, (gate + 1) * hidden_size)
     for name, parameter in layer.named_parameters():
-        if name.startswith("bias_ih"):
+        if name.startswith("bias_ih") or (name.startswith("bias") and not name.startswith("bias_hh")):
             parameter[rows] = value
         elif name.startswith("bias_hh"):
             parameter[rows] = 0.0

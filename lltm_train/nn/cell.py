@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from .. import checks as v
 from ..functional import rnn_cell
-from ..ops.cells import GRU, LLTM, LSTM, RNN_RELU, RNN_TANH, CellSpec
+from ..ops.cells import GRU, LLTM, LSTM, RNN_RELU, RNN_TANH, SLSTM, CellSpec
 from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 
 
@@ -27,8 +27,8 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
     ``bias_ih`` and ``bias_hh``, G H each), as ``torch.nn.LSTMCell``/``GRUCell`` name them; initialised
     U(-1/sqrt(H), 1/sqrt(H)).
 
-    Shapes: input (B, input_size) or (input_size,); hx: ``(h, c)`` each (B, H) or (H,), or h alone for the
-    GRU; default zeros. Returns the new state, of the same batchedness.
+    Shapes: input (B, input_size) or (input_size,); hx: ``(h, c)`` each (B, H) or (H,), h alone for the
+    GRU and the RNN, ``(h, c, n, m)`` for the sLSTM; default zeros. Returns the new state, of the same batchedness.
 
     Raises:
         ValueError: bad sizes, an input or state of the wrong shape, or a backend the cell does not have.
@@ -63,14 +63,17 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
         if not isinstance(input, Tensor) or input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
             got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise ValueError(f"{owner}: expected input of shape (B, {self.input_size}) or ({self.input_size},), got {got}")
-        two = self.cell.has_cell_state
+        names = self.cell.states
+        tupled = self.cell.has_cell_state
         if hx is not None and (
-                (two and (not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx)))
-                or (not two and not isinstance(hx, Tensor))):
-            raise ValueError(f"{owner}: hx must be " + ("a tuple (h, c) of two tensors" if two else "a tensor h"))
+                (tupled and (not isinstance(hx, (tuple, list)) or len(hx) != len(names)
+                             or not all(isinstance(t, Tensor) for t in hx)))
+                or (not tupled and not isinstance(hx, Tensor))):
+            raise ValueError(f"{owner}: hx must be " + (f"a tuple ({', '.join(names)}) of {len(names)} tensors" if tupled
+                                                        else "a tensor h"))
         unbatched = input.dim() == 1
-        state = None if hx is None else (tuple(hx) if two else (hx,))
-        for name, t in zip(("h", "c"), state or ()):  # in the caller's terms, before the unbatched unsqueeze
+        state = None if hx is None else (tuple(hx) if tupled else (hx,))
+        for name, t in zip(names, state or ()):  # in the caller's terms, before the unbatched unsqueeze
             want = (self.hidden_size,) if unbatched else (input.shape[0], self.hidden_size)
             if tuple(t.shape) != want:
                 raise ValueError(f"{owner}: expected {name} of shape {want} for input of shape {tuple(input.shape)}, "
@@ -82,7 +85,7 @@ class RecurrentCell(CellMixin, BackendMixin, nn.Module):
         new = rnn_cell(self.cell, input, state, self.weight_ih, self.weight_hh, *biases, backend=self.backend,
                        num_heads=self.num_heads)
         new = tuple(t.squeeze(0) for t in new) if unbatched else new
-        return new if two else new[0]
+        return new if tupled else new[0]
 
     def extra_repr(self) -> str:
         has_bias = getattr(self, self.cell.biases[0]) is not None
@@ -110,6 +113,14 @@ class GRUCell(RecurrentCell):
     :class:`RecurrentCell`."""
 
     cell = GRU
+
+
+class SLSTMCell(RecurrentCell):
+    """An sLSTM cell (Beck et al. 2024, "xLSTM"; FlashRNN's ``slstm``): ``h', c', n', m' = SLSTMCell(x, (h, c, n,
+    m))``; parameters ``weight_ih`` (4H, input_size), ``weight_hh`` (4H, H), ``bias`` (4H), gate order (input,
+    forget, cell, output). The math: :mod:`lltm_train.ops.reference`; see :class:`RecurrentCell`."""
+
+    cell = SLSTM
 
 
 class RNNCell(RecurrentCell):
@@ -150,6 +161,6 @@ RecurrentCell.drop_ins["rnn_relu"] = lambda *args, **kwargs: RNNCell(*args, nonl
 
 def recurrent_cell(cell: str | CellSpec, input_size: int, hidden_size: int, **kwargs) -> RecurrentCell:
     """One step of a cell by name or spec: its drop-in class (:class:`LLTMCell`, :class:`LSTMCell`,
-    :class:`GRUCell`, :class:`RNNCell`) where it has one, else :class:`RecurrentCell` with ``cell=``. ``kwargs``
+    :class:`GRUCell`, :class:`RNNCell`, :class:`SLSTMCell`) where it has one, else :class:`RecurrentCell` with ``cell=``. ``kwargs``
     as :class:`RecurrentCell`'s (by keyword). ValueError for an unknown cell."""
     return RecurrentCell.for_cell(cell, input_size, hidden_size, **kwargs)

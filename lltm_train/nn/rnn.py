@@ -18,6 +18,7 @@ from ..ops.cells import GRU as GRU_CELL
 from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
+from ..ops.cells import SLSTM as SLSTM_CELL
 from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from .cell import rnn_cell_spec
 
@@ -53,6 +54,9 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         if self.weight_drop == 1:
             raise ValueError(f"{owner}: weight_drop must be below 1 (1 would drop every recurrent weight)")
         self.zoneout = _zoneout_pair(owner, zoneout)
+        if any(self.zoneout) and not self.cell.zoneout:
+            raise ValueError(f"{owner}: the {self.cell.title} takes no zoneout (its states {', '.join(self.cell.states)} "
+                             f"are not kept in part); got zoneout={zoneout!r}")
         self.num_heads = check_heads(owner, hidden_size, num_heads)
         if dropout > 0 and num_layers == 1:
             warnings.warn(f"{owner}: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
@@ -200,8 +204,8 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
             zeros = x.new_zeros(shape)
             return (zeros,) * len(names)
         if self.cell.has_cell_state:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2 or not all(isinstance(t, Tensor) for t in hx):
-                raise ValueError(f"{owner}: hx must be a tuple (h_0, c_0) of two tensors")
+            if not isinstance(hx, (tuple, list)) or len(hx) != len(names) or not all(isinstance(t, Tensor) for t in hx):
+                raise ValueError(f"{owner}: hx must be a tuple ({', '.join(names)}) of {len(names)} tensors")
             state = tuple(hx)
         else:
             if not isinstance(hx, Tensor):
@@ -232,7 +236,7 @@ def _zoneout_pair(owner: str, zoneout) -> tuple[float, float]:
 
 
 def _as_hx(cell: CellSpec, state: tuple[Tensor, ...]):
-    """A state tuple in the cell's public form: (h, c), or h alone."""
+    """A state tuple in the cell's public form: (h, c), (h, c, n, m), or h alone."""
     return state if cell.has_cell_state else state[0]
 
 
@@ -387,12 +391,30 @@ class RNN(RecurrentLayers):
         return super().extra_repr().replace(", backend=", f"{extra}, backend=", 1)
 
 
+class SLSTM(RecurrentLayers):
+    """Stacked sLSTM layers (Beck et al. 2024, "xLSTM: Extended Long Short-Term Memory"; FlashRNN's ``slstm``
+    with a sigmoid forget gate), with ``torch.nn.LSTM``'s arguments and conventions; four states (h, c, n, m):
+    the normalizer n and the stabilizer m (log space) beside h and c. The math:
+    :mod:`lltm_train.ops.reference`.
+
+    Args:
+        As :class:`LSTM`, without ``zoneout`` (the sLSTM takes none: ValueError) and without ``torch`` among the
+        backends (PyTorch has no sLSTM). The ``cuda`` backend has no sLSTM kernels yet: on a GPU ``auto`` runs the
+        ``python`` reference.
+
+    Parameters: ``weight_ih_l{k}`` (4H, input_size or D * H), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}`` (4H), gate
+    order (input, forget, cell, output); ``_reverse`` for the backward direction.
+    """
+
+    cell = SLSTM_CELL
+
+
 RecurrentLayers.drop_ins["rnn_relu"] = lambda *args, **kwargs: RNN(*args, nonlinearity="relu", **kwargs)
 
 
 def recurrent_layers(cell: str | CellSpec, input_size: int, hidden_size: int, **kwargs) -> RecurrentLayers:
     """Layers of a cell by name or spec: its drop-in class (:class:`LLTM`, :class:`LSTM`, :class:`GRU`,
-    :class:`RNN`) where it has one, else :class:`RecurrentLayers` with ``cell=``. ``kwargs`` as :class:`LSTM`'s
+    :class:`RNN`, :class:`SLSTM`) where it has one, else :class:`RecurrentLayers` with ``cell=``. ``kwargs`` as :class:`LSTM`'s
     (by keyword). ValueError for an unknown cell."""
     return RecurrentLayers.for_cell(cell, input_size, hidden_size, **kwargs)
 
@@ -401,3 +423,4 @@ LLTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
 LSTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0)``", ret="(h_n, c_n)")
 GRU.__doc__ += _SHAPES.format(hx="``h_0``", ret="h_n")
 RNN.__doc__ += _SHAPES.format(hx="``h_0``", ret="h_n")
+SLSTM.__doc__ += _SHAPES.format(hx="``(h_0, c_0, n_0, m_0)``", ret="(h_n, c_n, n_n, m_n)")

@@ -6,7 +6,7 @@ these only state the output shapes. They check the shapes they read, and that th
 the dispatcher sends a call that mixes meta and real tensors here, which would otherwise hand back
 uninitialised outputs. ``lengths`` lives on the CPU whatever the device.
 
-Argument order, for a cell with states S (h, or h and c) and biases P (bias, or bias_ih and bias_hh):
+Argument order, for a cell with op states S (h, or h and c; the sLSTM's c packs c, n and m: (B, 3 H)) and biases P (bias, or bias_ih and bias_hh):
 forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths, save=True, zoneout=None, num_heads=1) -> (output, *S_n,
 [cells], activations)``, where save=False (nothing kept for a backward) gives cells and activations of shape (0,);
 backward ``(grad_output, *grad_S_n, input, h0, [c0], weight_ih, weight_hh, output, [cells], activations,
@@ -50,7 +50,7 @@ def _check_heads(op: str, spec: CellSpec, weight_hh, h0, num_heads) -> int:
 
 def _forward_fake(spec: CellSpec):
     op = f"lltm.{spec.forward_op}"
-    n = len(spec.states)
+    n, C = spec.op_states, spec.cell_blocks
 
     def fake(input, *args, save=True, zoneout=None, num_heads=1):
         states, (weight_ih, weight_hh), rest = args[:n], args[n:n + 2], args[n + 2:n + 3 + len(spec.biases)]
@@ -64,11 +64,12 @@ def _forward_fake(spec: CellSpec):
         torch._check(input.dim() == 3, lambda: f"{op}: expected input of shape (T, B, input_size), got {tuple(input.shape)}")
         T, B, _ = input.shape
         H = _check_heads(op, spec, weight_hh, states[0], num_heads)
+        torch._check(spec.zoneout or zoneout is None, lambda: f"{op}: the {spec.name} cell takes no zoneout")
         torch._check(zoneout is None or tuple(zoneout.shape) == (T, B, n * H),
                      lambda: f"{op}: expected zoneout of shape (T, B, {n} * hidden_size) = {(T, B, n * H)}")
-        saved = ((T, B, H), (T, B, spec.saved * H)) if save else ((0,), (0,))  # save=False keeps nothing
+        saved = ((T, B, C * H), (T, B, spec.saved * H)) if save else ((0,), (0,))  # save=False keeps nothing
         cells = (input.new_empty(saved[0]),) if spec.has_cell_state else ()
-        return (input.new_empty(T, B, H), *(input.new_empty(B, H) for _ in range(n)), *cells,
+        return (input.new_empty(T, B, H), *(input.new_empty(B, H * (1 if k == 0 else C)) for k in range(n)), *cells,
                 input.new_empty(saved[1]))
 
     return fake
@@ -76,7 +77,7 @@ def _forward_fake(spec: CellSpec):
 
 def _backward_fake(spec: CellSpec):
     op = f"lltm.{spec.backward_op}"
-    n = len(spec.states)
+    n = spec.op_states
 
     def fake(*args, zoneout=None, num_heads=1):
         grads, (input, h0), rest = args[:n + 1], args[n + 1:n + 3], args[n + 3:]
@@ -92,7 +93,7 @@ def _backward_fake(spec: CellSpec):
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
         _check_heads(op, spec, weight_hh, h0, num_heads)
-        return (torch.empty_like(input), *(torch.empty_like(h0) for _ in range(n)), torch.empty_like(weight_ih),
+        return (torch.empty_like(input), torch.empty_like(h0), *(torch.empty_like(c) for c in c0), torch.empty_like(weight_ih),
                 torch.empty_like(weight_hh), *(weight_hh.new_empty(weight_hh.shape[0]) for _ in spec.biases))
 
     return fake

@@ -26,7 +26,9 @@ class CellSpec:
         name: the cell's name in configs (``model.cell``) and the ops' names.
         title: its name in messages and reports.
         gates: the gate blocks of ``weight_ih`` and ``weight_hh``, in row order (G = len(gates)).
-        states: the state tensors, h first: ``("h", "c")`` or ``("h",)``.
+        states: the state tensors, h first: ``("h", "c")``, ``("h",)``, or the sLSTM's ``("h", "c", "n", "m")``.
+            The ops take h and one c state that packs the others, ``cat(states[1:], 1)`` (B, (len(states) - 1) H)
+            (:attr:`cell_blocks`).
         biases: the bias parameters: ``("bias",)`` (the LLTM's one, G * H) or ``("bias_ih", "bias_hh")``
             (``torch.nn``'s two, G * H each).
         saved: activation blocks of H that the forward op saves for its backward.
@@ -46,6 +48,10 @@ class CellSpec:
             first (the LLTM, which PyTorch lacks: the LSTM and the GRU).
         op_prefix: the ops are ``torch.ops.lltm.<op_prefix>layer_forward`` and ``..._backward``;
             ``<name>_`` unless given (the LLTM's ops keep their first names, which saved programs call).
+        zoneout: whether the cell takes zoneout (``model.zoneout``); not the sLSTM, whose n and m are not states
+            to keep in part.
+        cuda: whether the extension has CUDA kernels for the cell (the sLSTM's are still to come: ``auto`` runs
+            the ``python`` backend for its CUDA tensors, ``cuda`` refuses it by name).
     """
 
     name: str
@@ -63,6 +69,8 @@ class CellSpec:
     torch_function: str | None = None
     baselines: tuple[str, ...] = ()
     op_prefix: str | None = None
+    zoneout: bool = True
+    cuda: bool = True
 
     @property
     def num_gates(self) -> int:
@@ -70,7 +78,17 @@ class CellSpec:
 
     @property
     def has_cell_state(self) -> bool:
-        return len(self.states) == 2
+        return len(self.states) >= 2
+
+    @property
+    def cell_blocks(self) -> int:
+        """Blocks of H in the ops' c state (c0, c_n, ``cells``): 1, 0 without a c state, 3 for the sLSTM's c, n, m."""
+        return len(self.states) - 1
+
+    @property
+    def op_states(self) -> int:
+        """State arguments of the ops: 2 (h and the packed c state) or 1 (h)."""
+        return min(len(self.states), 2)
 
     @property
     def grad_blocks(self) -> int:
@@ -130,11 +148,13 @@ GRU = CellSpec("gru", "GRU", ("reset", "update", "new"), ("h",), ("bias_ih", "bi
 RNN_TANH = CellSpec("rnn", "RNN", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1, False, False,
                     reference.rnn_tanh_step, lr_at_256=0.008, torch_module="RNN", torch_function="rnn_tanh",
                     baselines=("rnn",))
+SLSTM = CellSpec("slstm", "sLSTM", ("input", "forget", "cell", "output"), ("h", "c", "n", "m"), ("bias",), 4, False,
+                 True, reference.slstm_step, lr_at_256=0.008, baselines=("lstm",), zoneout=False, cuda=False)
 RNN_RELU = CellSpec("rnn_relu", "RNN (ReLU)", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1, False, False,
                     reference.rnn_relu_step, lr_at_256=0.008, torch_module="RNN",
                     torch_kwargs=(("nonlinearity", "relu"),), torch_function="rnn_relu", baselines=("rnn_relu",))
 
-CELLS: dict[str, CellSpec] = {spec.name: spec for spec in (LLTM, LSTM, GRU, RNN_TANH, RNN_RELU)}
+CELLS: dict[str, CellSpec] = {spec.name: spec for spec in (LLTM, LSTM, GRU, RNN_TANH, RNN_RELU, SLSTM)}
 
 
 def cell_spec(name: str | CellSpec) -> CellSpec:

@@ -23,6 +23,22 @@ One step of each cell, from its pre-activations (G blocks of H each) and its sta
       n = tanh(gx_n + r * gh_n)
       h' = (1 - z) * n + z * h
 
+- sLSTM (Beck et al. 2024, "xLSTM: Extended Long Short-Term Memory", eqs. 8-17, with the stabilizer m of
+  eqs. 15-17 and a sigmoid forget gate: FlashRNN's ``slstm``; one bias), state (h, c, n, m)::
+
+      i~, f~, z~, o~ = the four blocks of g
+      L = m + logsigmoid(f~)
+      m' = i~ where n == 0 (a unit's first step from the zero state), else max(i~, L)
+      i, f = exp(i~ - m'), exp(L - m')      # exp(i~) and sigmoid(f~), both scaled by exp(-m'); f = 0 where n == 0
+      c' = f * c + i * tanh(z~)
+      n' = f * n + i
+      h' = sigmoid(o~) * c' / n'
+
+  m' only keeps exp() in range: h' is the same for any m' (c' and n' scale alike). From n_0 = 0, n >= 1 after
+  every step (one of i, f is 1), so h' is finite without FlashRNN's max(n', 1) clamp, which is left out here. A
+  state with n == 0 has no history: f = 0 there and c is not read (FlashRNN multiplies exp(L - i~), which can
+  overflow, by n = 0 and c = 0: NaN at large pre-activations).
+
 - RNN (``torch.nn.RNN``, Elman's network: Elman 1990, "Finding Structure in Time"), with
   ``nonlinearity="tanh"`` (the ``rnn`` cell) or ``"relu"`` (``rnn_relu``)::
 
@@ -72,6 +88,20 @@ def gru_step(gx: Tensor, gh: Tensor, state: State) -> State:
     return (n + z * (h - n),)
 
 
+def slstm_step(g: Tensor, state: State) -> State:
+    h, c, n, m = state
+    i_raw, f_raw, z_raw, o_raw = g.chunk(4, dim=1)
+    L = m + F.logsigmoid(f_raw)
+    # a tie, or a NaN, to i~ (as the kernels): the gradient then goes to i~ alone
+    first = n == 0  # no history: f = 0, c is not read (exp(L - i~) could overflow there, and 0 * inf is NaN)
+    m_new = torch.where(first | ~(i_raw < L), i_raw, L)
+    i = torch.exp(i_raw - m_new)
+    f = torch.where(first, 0.0, torch.exp(torch.where(first, 0.0, L - m_new)))  # (no inf even in the unused branch)
+    c = f * c + i * torch.tanh(z_raw)
+    n = f * n + i
+    return torch.sigmoid(o_raw) * c / n, c, n, m_new
+
+
 def rnn_tanh_step(g: Tensor, state: State) -> State:
     return (torch.tanh(g),)
 
@@ -86,7 +116,7 @@ def layer_forward(step: Callable[..., State], split: bool, input: Tensor, state:
     """A whole sequence, as the compiled ops compute it.
 
     step: a step function above; split: whether it takes the two sides of its pre-activations apart (the
-    GRU). input (T, B, I); state: (h, c) or (h,), each (B, H); lengths (B,) int64 or None (every row runs
+    GRU). input (T, B, I); state: (h, c), (h,) or (h, c, n, m), each (B, H); lengths (B,) int64 or None (every row runs
     all T steps; otherwise row b stops after lengths[b] steps: its state stays, its later outputs are zero,
     and its padding never reaches a gradient); zoneout (T, B, S * H) or None: each step's factors of the S
     states, in the state's order (h, then c). Returns (output (T, B, H), the final state).
