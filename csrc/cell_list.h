@@ -6,16 +6,11 @@
 
 #include "cells.h"
 
-// X(Cell) for every cell with CUDA kernels.
-#define LLTM_FOR_EACH_CUDA_CELL(X) \
-  X(::lltm::LLTMCell)              \
-  X(::lltm::LSTMCell)              \
-  X(::lltm::GRUCell)               \
-  X(::lltm::RNNTanhCell)           \
-  X(::lltm::RNNReLUCell)
-
-// X(Cell) for every cell: the schemas, autograd and the CPU. The sLSTM has no CUDA kernels yet: its ops on
-// CUDA tensors raise the dispatcher's NotImplementedError (lltm_train.functional says so first, by name).
+// X(Cell) for every cell.
 #define LLTM_FOR_EACH_CELL(X) \
-  LLTM_FOR_EACH_CUDA_CELL(X)  \
+  X(::lltm::LLTMCell)         \
+  X(::lltm::LSTMCell)         \
+  X(::lltm::GRUCell)          \
+  X(::lltm::RNNTanhCell)      \
+  X(::lltm::RNNReLUCell)      \
   X(::lltm::SLSTMCell)

@@ -97,6 +97,6 @@ const Recurrence kCuda{forward<Cell>, backward<Cell>};
 
 TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
 #define LLTM_REGISTER(CELL) lltm::register_kernels<CELL, lltm::cuda::kCuda<CELL>>(m);
-  LLTM_FOR_EACH_CUDA_CELL(LLTM_REGISTER)
+  LLTM_FOR_EACH_CELL(LLTM_REGISTER)
 #undef LLTM_REGISTER
 }

@@ -24,6 +24,10 @@ struct DeviceMath {
   static __device__ __forceinline__ double expm1(double x) { return ::expm1(x); }
   static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
   static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
+  static __device__ __forceinline__ float log(float x) { return logf(x); }
+  static __device__ __forceinline__ double log(double x) { return ::log(x); }
+  static __device__ __forceinline__ float log1p(float x) { return log1pf(x); }
+  static __device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
 };
 
 // True when a persistent kernel of this cell takes this dtype, hidden size, batch and heads (each head its own

@@ -310,7 +310,7 @@ struct ForwardParams {
   const scalar_t* gates;  // (T, B, G H): the x-side pre-activations
   scalar_t* act;          // (T, B, A H): the saved activations (may be `gates`: read before written)
   scalar_t* output;
-  scalar_t* cells;        // null without a c state, as c0, c_n
+  scalar_t* cells;        // (T, B, C H) c_t (C = Cell::kCellBlocks); null without a c state, as c0, c_n
   scalar_t* h_n;
   scalar_t* c_n;
   const scalar_t* h0;
@@ -329,7 +329,7 @@ template <typename scalar_t>
 struct BackwardParams {
   const scalar_t* act;     // (T, B, A H): the saved activations
   scalar_t* dgates;        // (T, B, kGradBlocks H): gate gradients out
-  const scalar_t* cells;   // c_t (cells with a c state)
+  const scalar_t* cells;   // c_t (cells with a c state; rows of C H, as c0, grad_c_n, grad_c0)
   const scalar_t* output;  // h_t (h_{t-1} of the GRU)
   const scalar_t* h0;
   const scalar_t* c0;
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   using Cfg = ForwardConfig<Cell, scalar_t, H>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
-  constexpr int NG = Cfg::NG, A = Cell::kSaved;
+  constexpr int NG = Cfg::NG, A = Cell::kSaved, CB = Cell::kCellBlocks;
   constexpr int C = Cfg::C, U = Cfg::U, G = Cfg::G, S = Cfg::S, NKW = Cfg::NKW, HS = Cfg::HS, RS = Cfg::RS;
   constexpr int NT = Cfg::NT, NP = Cfg::NP, KS = Op::KS;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + n;
     hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * HW + head + k])) : Op::to_smem(0.f);
   }
-  float c[NP], h[NP], x[NP][NG], bhn[NP], zh[NP], zc[NP];  // zh, zc: the step's zoneout factors
+  CellState<Cell, float> c[NP];  // the c state of the thread's (unit, row) pairs: the state blocks CB HW apart
+  float h[NP], x[NP][NG], bhn[NP], zh[NP], zc[NP];  // zh, zc: the step's zoneout factors
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
 #pragma unroll
@@ -399,7 +400,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int pair = tid + j * NT, u = pair % U, n = pair / U;
     const int64_t b = b_base + n;
     const bool valid = pair < Cfg::PAIRS && b < B;
-    c[j] = valid && Cell::kHasCell ? float(p.c0[b * HW + own + u]) : 0.f;
+    c[j] = {};
+    if (valid && Cell::kHasCell) load_state(p.c0 + b * CB * HW + own + u, HW, c[j]);
     h[j] = valid ? float(p.h0[b * HW + own + u]) : 0.f;
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[own + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
@@ -472,7 +474,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
                               : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
-        if (Cell::kHasCell) p.cells[t * p.cell_step + b * HW + own + u] = scalar_t(c[j]);
+        if (Cell::kHasCell) store_state(p.cells + t * p.cell_step + b * CB * HW + own + u, HW, c[j]);
       }
       uint32_t bits;
       if constexpr (kPack == 1) {
@@ -497,7 +499,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + pair / U;
     if (pair < Cfg::PAIRS && b < B) {
       p.h_n[b * HW + own + u] = scalar_t(h[j]);
-      if (Cell::kHasCell) p.c_n[b * HW + own + u] = scalar_t(c[j]);
+      if (Cell::kHasCell) store_state(p.c_n + b * CB * HW + own + u, HW, c[j]);
     }
   }
 #endif
@@ -512,7 +514,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   using Cfg = BackwardConfig<Cell, scalar_t, H>;
   using Op = typename Cfg::Op;
   using smem_t = typename Op::smem_t;
-  constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks;
+  constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks, CB = Cell::kCellBlocks;
   constexpr int C = Cfg::C, U = Cfg::U, NKB = Cfg::NKB, DS = Cfg::DS, RS = Cfg::RS, NT = Cfg::NT;
   constexpr int NP = Cfg::NP, KS = Op::KS;
   // This block's h-side gate gradients, [row][gate row], double-buffered: a warp that has received its step's
@@ -540,7 +542,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         gid, tig);
   }
   for (int idx = tid; idx < 2 * C * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
-  float dc[NP], carry[NP], sv[NP][A], cc[NP], cp[NP], hp[NP], go[NP], zh[NP], zc[NP];
+  CellState<Cell, float> dc[NP], cc[NP], cp[NP];  // dL/dc, c_t, c_{t-1} (the state blocks CB HW apart)
+  float carry[NP], sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
   const bool c_prev = Cell::kNeedsCPrev || (Cell::kHasCell && p.zoneout);  // zoneout recomputes the cell's c
@@ -550,7 +553,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + pair / U;
     const bool valid = pair < Cfg::PAIRS && b < B;
     const int64_t k = b * HW + own + u;
-    dc[j] = valid && p.grad_c_n ? float(p.grad_c_n[k]) : 0.f;
+    dc[j] = cc[j] = cp[j] = {};
+    if (valid && p.grad_c_n) load_state(p.grad_c_n + b * CB * HW + own + u, HW, dc[j]);
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
     zh[j] = zc[j] = 0.f;
@@ -569,9 +573,10 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       if (t < len[j]) {
         const int64_t row = static_cast<int64_t>(t) * B + b;
         const int64_t k = row * HW + own + u, k_prev = k - B * HW, k0 = b * HW + own + u;
+        const int64_t kc = row * CB * HW + own + u;  // the c state's first block
         load_blocks(p.act + row * A * HW + own + u, HW, sv[j]);
-        if (Cell::kHasCell) cc[j] = float(p.cells[k]);
-        if (c_prev) cp[j] = float(t > 0 ? p.cells[k_prev] : p.c0[k0]);
+        if (Cell::kHasCell) load_state(p.cells + kc, HW, cc[j]);
+        if (c_prev) load_state(t > 0 ? p.cells + kc - B * CB * HW : p.c0 + b * CB * HW + own + u, HW, cp[j]);
         if (Cell::kNeedsHPrev) hp[j] = float(t > 0 ? p.output[k_prev] : p.h0[k0]);
         go[j] = p.grad_output ? float(p.grad_output[k]) : 0.f;
         if (p.zoneout) {
@@ -631,7 +636,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
 #pragma unroll
       for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
       p.grad_h0[b * HW + own + u] = scalar_t(dh);
-      if (Cell::kHasCell) p.grad_c0[b * HW + own + u] = scalar_t(dc[j]);
+      if (Cell::kHasCell) store_state(p.grad_c0 + b * CB * HW + own + u, HW, dc[j]);
     }
   }
 #endif
@@ -824,7 +829,7 @@ void persistent_backward(const BackwardTensors& g) {
   template bool persistent_supports<CELL>(at::ScalarType, int64_t, int64_t, int64_t, bool); \
   template void persistent_forward<CELL>(const ForwardTensors&);                       \
   template void persistent_backward<CELL>(const BackwardTensors&);
-LLTM_FOR_EACH_CUDA_CELL(LLTM_PERSISTENT)
+LLTM_FOR_EACH_CELL(LLTM_PERSISTENT)
 #undef LLTM_PERSISTENT
 
 }  // namespace cuda

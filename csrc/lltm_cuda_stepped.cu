@@ -48,11 +48,11 @@ struct StepArgs {
   scalar_t* activations;        // (T, B, A H): written forward (may be `gates`), read backward
   scalar_t* grad_gates;         // (T, B, kGradBlocks H), backward
   scalar_t* output;             // (T, B, H): written forward, read backward (h_{t-1} of the GRU)
-  scalar_t* cells;              // (T, B, H): c_t; written forward, read backward (cells with a c state)
+  scalar_t* cells;              // (T, B, C H): c_t; written forward, read backward (cells with a c state)
   const scalar_t* grad_output;  // (T, B, H), backward; may be null
   const scalar_t* bias_hn;      // (H,) the split gate's h-side bias, forward; may be null
   const scalar_t* h0;           // (B, H), backward (h_{t-1} at t = 0)
-  const scalar_t* c0;           // (B, H), backward (c_{t-1} at t = 0)
+  const scalar_t* c0;           // (B, C H), backward (c_{t-1} at t = 0)
   const int64_t* lengths;       // (B,) or null
   const scalar_t* zoneout;      // (T, B, S H) zoneout factors (lltm.h), or null
   int64_t t;                    // the step of a chunk's first node; each chunk advances it
@@ -83,11 +83,11 @@ __device__ __forceinline__ Zoneout<acc_t> zoneout_at(const scalar_t* z, int64_t 
   return {true, acc_t(r[0]), Cell::kHasCell ? acc_t(r[H]) : acc_t(0)};
 }
 
-// Step args->t + i: hw (B, G H) = h_{t-1} W_hh^T from the GEMM; h, c: the running state.
+// Step args->t + i: hw (B, G H) = h_{t-1} W_hh^T from the GEMM; h (B, H), c (B, C H): the running state.
 template <typename Cell, typename scalar_t, typename acc_t>
 __global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args, const acc_t* __restrict__ hw,
                                     scalar_t* __restrict__ h, acc_t* __restrict__ c, int64_t B, int64_t H, int i) {
-  constexpr int G = Cell::kGates;
+  constexpr int G = Cell::kGates, C = Cell::kCellBlocks;
   const int64_t t = args->t + i;
   const int64_t n = B * H;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
@@ -96,40 +96,50 @@ __global__ void forward_step_kernel(const StepArgs<scalar_t>* __restrict__ args,
     acc_t gh[G];
     load_blocks(hw + b * G * H + j, H, gh);
     if (Cell::kSplit && args->bias_hn) gh[G - 1] += acc_t(args->bias_hn[j]);
-    acc_t cv = Cell::kHasCell ? c[k] : acc_t(0), hv = acc_t(h[k]);
+    const int64_t kc = b * C * H + j;  // the unit's first state block
+    CellState<Cell, acc_t> cv{};
+    if (Cell::kHasCell) load_state(c + kc, H, cv);
+    acc_t hv = acc_t(h[k]);
     forward_step<Cell, DeviceMath>(running(args->lengths, b, t), args->gates + row * G * H + j, gh, cv, hv,
                                    args->activations + t * args->act_step + b * Cell::kSaved * H + j,
                                    args->output + row * H + j,
-                                   Cell::kHasCell ? args->cells + t * args->cell_step + k : nullptr, H,
+                                   Cell::kHasCell ? args->cells + t * args->cell_step + kc : nullptr, H,
                                    zoneout_at<Cell, acc_t>(args->zoneout, row, j, H));
     h[k] = scalar_t(hv);
-    if (Cell::kHasCell) c[k] = cv;
+    if (Cell::kHasCell) store_state(c + kc, H, cv);
   }
 }
 
 // Step args->t - i. dh (B, H): on entry what the later steps pass back to h_t, on return the part of dL/dh_{t-1}
-// that does not go through W_hh, to which the GEMM then adds dgates_t W_hh. dg: scratch copy of the h-side gate
-// gradients (B, G H), the GEMM's input.
+// that does not go through W_hh, to which the GEMM then adds dgates_t W_hh. dc (B, C H): dL/dc, as the cells'
+// backward. dg: scratch copy of the h-side gate gradients (B, G H), the GEMM's input.
 template <typename Cell, typename scalar_t, typename acc_t>
 __global__ void backward_step_kernel(const StepArgs<scalar_t>* __restrict__ args, acc_t* __restrict__ dh,
                                      acc_t* __restrict__ dc, scalar_t* __restrict__ dg, int64_t B, int64_t H, int i) {
-  constexpr int G = Cell::kGates, GB = Cell::kGradBlocks;
+  constexpr int G = Cell::kGates, GB = Cell::kGradBlocks, C = Cell::kCellBlocks;
   const int64_t t = args->t - i;
   const int64_t n = B * H;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = k / H, j = k - b * H, row = t * B + b;
     const int64_t prev = (t - 1) * B * H + k;  // (t - 1, b, j)
-    acc_t c = 0, c_prev = 0, h_prev = 0, dcv = Cell::kHasCell ? dc[k] : acc_t(0), grads[GB];
-    if (Cell::kHasCell) c = acc_t(args->cells[row * H + j]);
-    if (Cell::kNeedsCPrev || (Cell::kHasCell && args->zoneout)) c_prev = acc_t(t > 0 ? args->cells[prev] : args->c0[k]);
+    const int64_t kc = b * C * H + j, row_c = row * C * H + j, prev_c = (t - 1) * B * C * H + kc;  // c state
+    CellState<Cell, acc_t> c{}, c_prev{}, dcv{};
+    acc_t h_prev = 0, grads[GB];
+    if (Cell::kHasCell) {
+      load_state(dc + kc, H, dcv);
+      load_state(args->cells + row_c, H, c);
+    }
+    if (Cell::kNeedsCPrev || (Cell::kHasCell && args->zoneout)) {
+      load_state(t > 0 ? args->cells + prev_c : args->c0 + kc, H, c_prev);
+    }
     if (Cell::kNeedsHPrev) h_prev = acc_t(t > 0 ? args->output[prev] : args->h0[k]);
     const acc_t d_out = args->grad_output ? acc_t(args->grad_output[row * H + j]) : acc_t(0);
     dh[k] = backward_step<Cell, DeviceMath>(running(args->lengths, b, t), dh[k], d_out, dcv,
                                             args->activations + row * Cell::kSaved * H + j, c, c_prev, h_prev, grads,
                                             args->grad_gates + row * GB * H + j, H,
                                             zoneout_at<Cell, acc_t>(args->zoneout, row, j, H));
-    if (Cell::kHasCell) dc[k] = dcv;
+    if (Cell::kHasCell) store_state(dc + kc, H, dcv);
     scalar_t* d = dg + b * G * H + j;
 #pragma unroll
     for (int q = 0; q < G; ++q) d[q * H] = scalar_t(grads[q]);
@@ -183,7 +193,8 @@ struct DeviceBuffer {
 // One shape's scratch buffers and graphs (per device, stream, cell, dtype, B, H, direction, TF32 setting).
 // Buffers: the StepArgs block; a copy of W_hh (G H, H), the GEMM's fixed operand; `vec` (scalar_t):
 // the running h (B, H) forward or a copy of the h-side gate gradients (B, G H) backward; `acc1`, `acc2`
-// (accumulate type): h W_hh^T (B, G H) and the cell state (B, H) forward, dL/dh and dL/dc (B, H) backward.
+// (accumulate type): h W_hh^T (B, G H) and the cell state (B, C H) forward, dL/dh (B, H) and dL/dc (B, C H)
+// backward.
 struct Entry {
   DeviceBuffer args, w, vec, acc1, acc2;
   std::map<int, cudaGraphExec_t> graphs;  // by chunk length
@@ -284,11 +295,13 @@ struct Scratch {
   void* acc2;
 };
 
-// Byte sizes of the five scratch buffers of one direction, for G gates.
-std::array<size_t, 5> scratch_bytes(bool backward, int G, int64_t B, int64_t H, size_t scalar, size_t acc, size_t args) {
+// Byte sizes of the five scratch buffers of one direction, for G gates and C blocks of c state.
+std::array<size_t, 5> scratch_bytes(bool backward, int G, int C, int64_t B, int64_t H, size_t scalar, size_t acc,
+                                    size_t args) {
   const size_t w = size_t(G * H * H) * scalar, gates = size_t(G * B * H), state = size_t(B * H);
-  return backward ? std::array<size_t, 5>{args, w, gates * scalar, state * acc, state * acc}
-                  : std::array<size_t, 5>{args, w, state * scalar, gates * acc, state * acc};
+  const size_t cell = std::max<size_t>(C, 1) * state;
+  return backward ? std::array<size_t, 5>{args, w, gates * scalar, state * acc, cell * acc}
+                  : std::array<size_t, 5>{args, w, state * scalar, gates * acc, cell * acc};
 }
 
 void make_entry(Entry& e, const std::array<size_t, 5>& bytes, cudaStream_t stream) {
@@ -352,7 +365,7 @@ void stepped_forward(const ForwardTensors& f) {
                                   step_stride(f.cells)};
     const Key key{f.gates.get_device(), stream, cell_id<Cell>(), static_cast<int>(f.gates.scalar_type()),
                   B, H, false, tf32};
-    const auto bytes = scratch_bytes(false, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
+    const auto bytes = scratch_bytes(false, G, Cell::kCellBlocks, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
     with_scratch(key, bytes, f.gates, stream, [&](const Scratch& x, Entry* e, DeviceResources* d, cublasHandle_t handle) {
       auto* args = static_cast<StepArgs<scalar_t>*>(x.args);
       auto* h = static_cast<scalar_t*>(x.vec);
@@ -365,7 +378,7 @@ void stepped_forward(const ForwardTensors& f) {
             cudaMemcpyAsync(x.w, f.weight_hh.data_ptr(), f.weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
       }
       at::from_blob(h, {B, H}, f.gates.options()).copy_(f.h0);
-      if (Cell::kHasCell) at::from_blob(c, {B, H}, acc_opts).copy_(f.c0);
+      if (Cell::kHasCell) at::from_blob(c, {B, Cell::kCellBlocks * H}, acc_opts).copy_(f.c0);
       set_args<scalar_t><<<1, 1, 0, stream>>>(args, host);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       auto issue = [&](cudaStream_t s, int steps, bool advance_t) {
@@ -385,7 +398,7 @@ void stepped_forward(const ForwardTensors& f) {
         issue(stream, static_cast<int>(T), false);
       }
       f.h_n.copy_(at::from_blob(h, {B, H}, f.gates.options()));
-      if (Cell::kHasCell) f.c_n.copy_(at::from_blob(c, {B, H}, acc_opts));
+      if (Cell::kHasCell) f.c_n.copy_(at::from_blob(c, {B, Cell::kCellBlocks * H}, acc_opts));
     });
   });
 }
@@ -414,7 +427,7 @@ void stepped_backward(const BackwardTensors& g) {
                                   T - 1};
     const Key key{g.activations.get_device(), stream, cell_id<Cell>(),
                   static_cast<int>(g.activations.scalar_type()), B, H, true, tf32};
-    const auto bytes = scratch_bytes(true, G, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
+    const auto bytes = scratch_bytes(true, G, Cell::kCellBlocks, B, H, sizeof(scalar_t), sizeof(acc_t), sizeof(StepArgs<scalar_t>));
     with_scratch(key, bytes, g.activations, stream, [&](const Scratch& x, Entry* e, DeviceResources* d,
                                                         cublasHandle_t handle) {
       auto* args = static_cast<StepArgs<scalar_t>*>(x.args);
@@ -426,7 +439,8 @@ void stepped_backward(const BackwardTensors& g) {
         C10_CUDA_CHECK(
             cudaMemcpyAsync(x.w, g.weight_hh.data_ptr(), g.weight_hh.nbytes(), cudaMemcpyDeviceToDevice, stream));
       }
-      at::Tensor dh_t = at::from_blob(dh, {B, H}, acc_opts), dc_t = at::from_blob(dc, {B, H}, acc_opts);
+      at::Tensor dh_t = at::from_blob(dh, {B, H}, acc_opts);
+      at::Tensor dc_t = at::from_blob(dc, {B, std::max(Cell::kCellBlocks, 1) * H}, acc_opts);
       if (g.grad_h_n.defined()) {
         dh_t.copy_(g.grad_h_n);
       } else {
@@ -467,7 +481,7 @@ void stepped_backward(const BackwardTensors& g) {
 #define LLTM_STEPPED(CELL)                                         \
   template void stepped_forward<CELL>(const ForwardTensors&); \
   template void stepped_backward<CELL>(const BackwardTensors&);
-LLTM_FOR_EACH_CUDA_CELL(LLTM_STEPPED)
+LLTM_FOR_EACH_CELL(LLTM_STEPPED)
 #undef LLTM_STEPPED
 
 }  // namespace cuda

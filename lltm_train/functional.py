@@ -198,12 +198,6 @@ def _op_states(spec: CellSpec, states: tuple) -> tuple:
     return states if spec.cell_blocks <= 1 else (states[0], torch.cat(states[1:], 1))
 
 
-def _check_cuda_kernels(op: str, spec: CellSpec, backend: str) -> None:
-    if backend == "cuda" and not spec.cuda:
-        raise NotImplementedError(f"{op}: the {spec.title} has no CUDA kernels yet; use backend='python' (or 'auto', "
-                                  "which runs it) for CUDA tensors, or backend='cpp' on the CPU")
-
-
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend,
            zoneout=None, num_heads=1):
     tensors = _autocast(input.device.type, (input, *states, weight_ih, weight_hh, *biases))
@@ -214,9 +208,6 @@ def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weigh
     if lengths is not None:
         _check_lengths(op, lengths, input.shape[0], input.shape[1] if input.dim() > 1 else 0)
     chosen = resolve_backend(backend, input.device.type, spec.name)
-    if chosen == "cuda" and not spec.cuda and backend == "auto":
-        chosen = "python"  # (no CUDA kernels for this cell: the reference runs on the GPU)
-    _check_cuda_kernels(op, spec, chosen)
     # (zoneout and num_heads absent from the call at their defaults: exported programs unchanged)
     extra = () if zoneout is None and num_heads == 1 else (zoneout,) + (() if num_heads == 1 else (num_heads,))
     if _uses_compiled(op, chosen, tensors):  # the kernels take the heads' blocks (csrc/lltm.h)

@@ -63,18 +63,6 @@ def pytest_runtest_logreport(report) -> None:
             f.write(f"FAILED {report.nodeid} ({report.when}, LLTM_TEST_SEED={SESSION_SEED})\n{report.longreprtext[-4000:]}\n\n")
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """A CUDA test of a cell without CUDA kernels (``CellSpec.cuda``: the sLSTM's are still to come) is skipped by
-    name; tests/test_slstm.py checks that the cuda backend refuses it with a clear error."""
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        cell = params.get("cell")
-        name = cell.name if isinstance(cell, CellSpec) else cell
-        on_cuda = item.get_closest_marker("cuda") is not None or params.get("device_backend") == ("cuda", "cuda")
-        if on_cuda and name in CELLS and not CELLS[name].cuda:
-            item.add_marker(pytest.mark.skip(reason=f"the {CELLS[name].title} has no CUDA kernels yet (CellSpec.cuda)"))
-
-
 @pytest.fixture(params=DEVICE_BACKENDS)
 def device_backend(request) -> tuple[str, str]:
     return request.param

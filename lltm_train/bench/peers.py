@@ -20,7 +20,7 @@ import torch
 
 from ..ops.cells import CellSpec
 
-FUNCTIONS = {"lstm": "lstm", "gru": "gru", "rnn": "elman"}  # our cell -> FlashRNN's function of the same math
+FUNCTIONS = {"lstm": "lstm", "gru": "gru", "rnn": "elman", "slstm": "slstm"}  # our cell -> FlashRNN's function of the same math
 FUSED = ("lstm", "slstm")  # FlashRNN's functions with a cuda_fused kernel
 
 
@@ -37,7 +37,7 @@ def flashrnn_backend(function: str, device: torch.device) -> str:
 def flashrnn_contender(cell: CellSpec, T: int, B: int, H: int, num_heads: int, device: torch.device,
                        dtype: torch.dtype) -> tuple[str, Callable[[], None]] | None:
     """(label, fn) running FlashRNN's layer of the same cell, forward + backward on fresh random inputs; None when
-    FlashRNN is not installed or has no such cell (our LLTM, the ReLU RNN)."""
+    FlashRNN is not installed or has no such cell (our LLTM, the ReLU RNN; its sLSTM is ours with the sigmoid forget gate)."""
     function = FUNCTIONS.get(cell.name)
     if function is None or not installed():
         return None

@@ -50,8 +50,6 @@ class CellSpec:
             ``<name>_`` unless given (the LLTM's ops keep their first names, which saved programs call).
         zoneout: whether the cell takes zoneout (``model.zoneout``); not the sLSTM, whose n and m are not states
             to keep in part.
-        cuda: whether the extension has CUDA kernels for the cell (the sLSTM's are still to come: ``auto`` runs
-            the ``python`` backend for its CUDA tensors, ``cuda`` refuses it by name).
     """
 
     name: str
@@ -70,7 +68,6 @@ class CellSpec:
     baselines: tuple[str, ...] = ()
     op_prefix: str | None = None
     zoneout: bool = True
-    cuda: bool = True
 
     @property
     def num_gates(self) -> int:
@@ -149,7 +146,7 @@ RNN_TANH = CellSpec("rnn", "RNN", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1
                     reference.rnn_tanh_step, lr_at_256=0.008, torch_module="RNN", torch_function="rnn_tanh",
                     baselines=("rnn",))
 SLSTM = CellSpec("slstm", "sLSTM", ("input", "forget", "cell", "output"), ("h", "c", "n", "m"), ("bias",), 4, False,
-                 True, reference.slstm_step, lr_at_256=0.008, baselines=("lstm",), zoneout=False, cuda=False)
+                 True, reference.slstm_step, lr_at_256=0.008, baselines=("lstm",), zoneout=False)
 RNN_RELU = CellSpec("rnn_relu", "RNN (ReLU)", ("hidden",), ("h",), ("bias_ih", "bias_hh"), 1, False, False,
                     reference.rnn_relu_step, lr_at_256=0.008, torch_module="RNN",
                     torch_kwargs=(("nonlinearity", "relu"),), torch_function="rnn_relu", baselines=("rnn_relu",))
