@@ -202,7 +202,7 @@ def _cmake() -> str:
     return found
 
 
-@pytest.mark.slow  # a CMake build (70-120 s on 2 cores) and a second AOTInductor compile (the GRU's)
+@pytest.mark.slow  # a CMake build (70-120 s on 2 cores) and more AOTInductor compiles (the GRU's, the sLSTM's)
 def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, aoti_package, tmp_path):
     """examples/cpp builds liblltm_ops.so (the repository's CMakeLists.txt) and lltm-generate-cpp against the
     installed torch. The library alone gives torch.ops.lltm.* to a Python without lltm_train; the C++
@@ -258,16 +258,17 @@ def test_the_cmake_op_library_and_the_cpp_generator_match_python(checkpoint, aot
     wrong = generate_cpp(program, *options)
     assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1 and "AOTInductor" in wrong.stderr, wrong.stderr
 
-    # a GRU model: its state is h alone
-    (tmp_path / "gru").mkdir()
-    gru_ckpt = _train_text_model(tmp_path / "gru", "model.cell=gru")
-    task, ckpt = load_task(gru_ckpt, "cpp")
-    model = export(token_model(task.net), "aoti", tmp_path / "gru.pt2", vocabulary(ckpt))
-    cpp = generate_cpp(model, *options)
-    python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(gru_ckpt), *options, "--backend", "cpp"],
-                            capture_output=True, text=True)
-    assert cpp.returncode == 0 and python.returncode == 0, cpp.stderr[-2000:] + python.stderr[-2000:]
-    assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1
+    # a GRU model, whose state is h alone, and an sLSTM model, whose state is (h, c, n, m)
+    for cell in ("gru", "slstm"):
+        (tmp_path / cell).mkdir()
+        cell_ckpt = _train_text_model(tmp_path / cell, f"model.cell={cell}")
+        task, ckpt = load_task(cell_ckpt, "cpp")
+        model = export(token_model(task.net), "aoti", tmp_path / f"{cell}.pt2", vocabulary(ckpt))
+        cpp = generate_cpp(model, *options)
+        python = subprocess.run([sys.executable, "-m", "lltm_train.commands", "generate", str(cell_ckpt), *options,
+                                 "--backend", "cpp"], capture_output=True, text=True)
+        assert cpp.returncode == 0 and python.returncode == 0, cpp.stderr[-2000:] + python.stderr[-2000:]
+        assert cpp.stdout == python.stdout and len(cpp.stdout) == 4 + 80 + 1, cell
 
 
 def test_a_compiled_models_checkpoint_loads_uncompiled(tmp_path):

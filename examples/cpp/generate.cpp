@@ -7,7 +7,7 @@
 // softmax((logits - max) / T) (restricted to the K likeliest with --top-k) with a CPU generator seeded with S, so
 // the same seed gives the same text token for token. The vocabulary and the state's size come from the
 // package's metadata vocab.json and config.json ("states": 2 for (h, c) cells, the LLTM and the LSTM; 1 for
-// the GRU and the RNN, whose state is h alone). The package must be compiled for the CPU (lltm-export
+// the GRU and the RNN, whose state is h alone; 4 for the sLSTM's (h, c, n, m), whose zero state is its start). The package must be compiled for the CPU (lltm-export
 // --device cpu, the default). The model calls the op library's ops (lltm::*) through the dispatcher: the
 // program links liblltm_ops.so, whose static registrations make them known (CMakeLists.txt).
 //
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
 
   torch::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(std::stoull(opt["--seed"])));
-  std::vector<torch::Tensor> state(states, torch::zeros({layers, 1, hidden}));  // (h, c) or (h)
+  std::vector<torch::Tensor> state(states, torch::zeros({layers, 1, hidden}));  // (h, c), (h) or (h, c, n, m)
   auto step = [&](const torch::Tensor& tokens) {
     std::vector<torch::Tensor> inputs{tokens};
     inputs.insert(inputs.end(), state.begin(), state.end());
