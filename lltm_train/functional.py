@@ -194,8 +194,15 @@ def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: T
 
 
 def _op_states(spec: CellSpec, states: tuple) -> tuple:
-    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H)."""
-    return states if spec.cell_blocks <= 1 else (states[0], torch.cat(states[1:], 1))
+    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H). States of
+    other shapes or dtypes than h's raise RuntimeError, so that the Python checks name them (the op sees only
+    the packed sum: c and n of widths 5 and 7 would pass as two of 6)."""
+    if spec.cell_blocks <= 1:
+        return states
+    h = states[0]
+    if not all(isinstance(s, Tensor) and s.shape == h.shape and s.dtype == h.dtype for s in states[1:]):
+        raise RuntimeError(f"the {spec.title}'s states differ from h in shape or dtype")
+    return h, torch.cat(states[1:], 1)
 
 
 def _layer(spec: CellSpec, op: str, layout: str, input, states, weight_ih, weight_hh, biases, lengths, backend,

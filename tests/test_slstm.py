@@ -150,3 +150,16 @@ def test_matches_flashrnn_vanilla_slstm_with_heads(backend):
     theirs, _ = flashrnn(wx, w_hh.reshape(4, NH, DH, DH), b.reshape(4, NH, DH), function="slstm", backend="vanilla",
                          dtype="float64")
     assert_close(ours, theirs[0].reshape(B, T, H).permute(1, 0, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_states_of_wrong_widths_or_dtypes_are_refused_by_name(backend):
+    """c, n, m are checked one by one before the op packs them: widths 5 and 7 do not pass as two of 6."""
+    x, w_ih, w_hh, b = torch.randn(5, 3, 4, **F64), torch.randn(24, 4, **F64), torch.randn(24, 6, **F64), torch.randn(24, **F64)
+    h0, c0, m0, n0 = torch.randn(3, 6, **F64), torch.randn(3, 6, **F64), torch.randn(3, 6, **F64), torch.rand(3, 6, **F64) + 0.5
+    with pytest.raises(ValueError, match=r"expected c of shape \(3, 6\)"):
+        rnn_layer("slstm", x, (h0, torch.randn(3, 5, **F64), torch.rand(3, 7, **F64) + 0.5, m0), w_ih, w_hh, b, backend=backend)
+    with pytest.raises(ValueError, match=r"expected c of shape \(3, 6\)"):
+        rnn_layer("slstm", x, (h0, c0[0], n0, m0), w_ih, w_hh, b, backend=backend)
+    with pytest.raises(TypeError, match="c has dtype torch.float32"):
+        rnn_layer("slstm", x, (h0, c0.float(), n0, m0), w_ih, w_hh, b, backend=backend)

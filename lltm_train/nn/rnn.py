@@ -399,8 +399,7 @@ class SLSTM(RecurrentLayers):
 
     Args:
         As :class:`LSTM`, without ``zoneout`` (the sLSTM takes none: ValueError) and without ``torch`` among the
-        backends (PyTorch has no sLSTM). The ``cuda`` backend has no sLSTM kernels yet: on a GPU ``auto`` runs the
-        ``python`` reference.
+        backends (PyTorch has no sLSTM).
 
     Parameters: ``weight_ih_l{k}`` (4H, input_size or D * H), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}`` (4H), gate
     order (input, forget, cell, output); ``_reverse`` for the backward direction.
