@@ -52,8 +52,17 @@ def forward_backward(p, backend, upstream, lengths=None, cell=LLTM, zoneout=None
 
 
 def upstream_for(cell, T, B, H, dtype, scale=0.01):
-    return [torch.randn(T, B, H, device="cuda", dtype=dtype) * scale] + \
+    """Upstream gradients of the output and of each final state. Below float64 the sLSTM's final c, n and m get
+    none: they are scaled by the stabilizer m, a running max whose kink a rounding can cross, and the gradient then
+    jumps by a whole term (as the ReLU RNN's does); through h the stabilizer cancels, so that loss is smooth. (2 x
+    512 heads, float16, T 40, 8 CPU draws: python's own x-gradient error was 25x-180x the draw's conditioning in 5
+    draws with them, at most 2.7x without; an H100 run failed the heads test there, LLTM_TEST_SEED=1495489112.)
+    Their gradients are checked in float64 (gradcheck, the conformance suite)."""
+    upstream = [torch.randn(T, B, H, device="cuda", dtype=dtype) * scale] + \
         [torch.randn(B, H, device="cuda", dtype=dtype) for _ in cell.states]
+    if cell.name == "slstm" and dtype != torch.float64:
+        upstream[2:] = [torch.zeros_like(u) for u in upstream[2:]]
+    return upstream
 
 
 def relative_errors(got, want):
