@@ -150,10 +150,24 @@ def test_long_sequences_no_less_accurate_than_python_in_the_same_dtype(cell, H, 
 @pytest.mark.parametrize("H", HIDDEN)
 def test_float32_matches_float64_closely_without_tf32(cell, H, full_float32):
     cell = CELLS[cell]
-    p = params(37, 13, 24, H, torch.float32, cell=cell)
-    upstream = upstream_for(cell, 37, 13, H, torch.float32, scale=1.0)
-    exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
+    for _ in range(10):
+        p = params(37, 13, 24, H, torch.float32, cell=cell)
+        upstream = upstream_for(cell, 37, 13, H, torch.float32, scale=1.0)
+        exact = forward_backward([t.double() for t in p], "python", [u.double() for u in upstream], cell=cell)
+        if cell.name != "rnn_relu" or relu_margin(p, exact[0]) >= 1e-6:
+            break
     assert max(relative_errors(forward_backward(p, "cuda", upstream, cell=cell), exact)) < 1e-5
+
+
+def relu_margin(p, out):
+    """The ReLU RNN's smallest |pre-activation| in float64 over a run. Within a rounding of 0 (float32's,
+    about 1e-7 here) the unit's derivative flips between 0 and 1 and every gradient moves by a whole term: the
+    H100 gave 3.7e-4 on all gradients of one draw (LLTM_TEST_SEED=148898911, H 64) with the outputs at 1e-7.
+    Such a draw tests no kernel, so the test draws again. On the CPU (300 draws of these sizes) the smallest
+    margin was 6.9e-7 and no draw flipped: errors 2e-7 to 4e-7 for cpp and python alike."""
+    x, h0, w_ih, w_hh, b_ih, b_hh = (t.double() for t in p)
+    h_prev = torch.cat([h0[None], out[:-1].detach()])
+    return float((x @ w_ih.T + b_ih + h_prev @ w_hh.T + b_hh).abs().min())
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
