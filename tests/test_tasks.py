@@ -118,8 +118,13 @@ def test_classification_loss_with_lengths_uses_each_sequence_alone():
     with torch.no_grad():
         alone = torch.cat([task.net(x[i : i + 1, :n]) for i, n in enumerate(lengths.tolist())])
     torch.testing.assert_close(loss.detach(), F.cross_entropy(alone, y), rtol=1e-5, atol=1e-6)
-    # the padded steps are not read: without lengths the loss differs
-    assert not torch.allclose(task.step(Batch(x, None, y), "train").detach(), loss.detach())
+    # the padded steps are not read: without lengths the padded rows' logits differ (compared row by row, not
+    # through the mean loss, where the two rows' changes cancelled to 1e-5 in one draw, LLTM_TEST_SEED=2279471106;
+    # over 300 CPU draws the largest logit change of the padded rows was at least 0.02)
+    with torch.no_grad():
+        padded = task.net(x)
+    torch.testing.assert_close(padded[0], alone[0], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(padded[1:], alone[1:], rtol=1e-3, atol=1e-5)
 
 
 def test_classification_val_accuracy_and_loss():
