@@ -21,6 +21,8 @@
 // Heads (lltm.h): the grid has a row of clusters per head, each an independent recurrence whose width is the
 // kernel's H (the head's DH), on its units of the layer's `width` and its blocks of W_hh.
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
@@ -187,6 +189,48 @@ struct Exchange {
   }
 };
 
+// The wide kernels' exchange, as NCCL's LL protocol: each 4-byte value travels with the step that sent it in one
+// aligned 8-byte word, which a store writes and a load reads whole (single-copy atomic), so a receiver that sees
+// the step sees the value, with no fence and no barrier. Against a counter barrier (fence, atomic add, spin, then
+// the loads) it took a step of the LSTM at H 768 (B 16, float16, H100) from 3.65 to 2.90 us forward and 3.86 to
+// 3.36 us backward; at H 1024 the backward, which sends twice the bytes of the partial sums, went 4.19 to 5.24 us
+// (forward 3.65 to 3.28). A buffer of one parity is written again two steps later, by a block that has
+// received the step between, which every block sent only after receiving this one. Steps count from 1 in a
+// zeroed buffer, so no word of an earlier launch passes for one of this launch.
+__device__ __forceinline__ void put_flagged(uint64_t* to, uint32_t bits, unsigned step) {
+  const uint64_t word = (static_cast<uint64_t>(step) << 32) | bits;
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(to), "l"(word) : "memory");
+}
+
+// Waits for words first + i * stride (i < R) of `from`, counted in pairs of words, to carry `step`, and passes each
+// pair's values to use(pair, low, high). Every round reloads all that are not there yet, at once.
+template <int R, typename F>
+__device__ __forceinline__ void receive_flagged(const uint64_t* from, int first, int stride, unsigned step, F&& use) {
+  uint64_t lo[R], hi[R];
+  bool ready[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) ready[i] = false;
+  bool all;
+  do {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (!ready[i]) {
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                     : "=l"(lo[i]), "=l"(hi[i])
+                     : "l"(from + 2 * static_cast<int64_t>(first + i * stride))
+                     : "memory");
+      }
+    }
+    all = true;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      ready[i] = static_cast<unsigned>(lo[i] >> 32) == step && static_cast<unsigned>(hi[i] >> 32) == step;
+      all = all && ready[i];
+    }
+  } while (!all);
+#pragma unroll
+  for (int i = 0; i < R; ++i) use(first + i * stride, static_cast<uint32_t>(lo[i]), static_cast<uint32_t>(hi[i]));
+}
 
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
 // exchanged vectors, stored in shared memory as [n][k] rows (`smem_t`). Fragment layouts are those of
@@ -257,6 +301,14 @@ struct Operand<c10::Half> : Operand16<c10::Half> {};
 // portable limit of 8; Hopper allows them once the kernel opts in (allow_cluster below).
 constexpr int cluster_size(int H) { return H <= 128 ? 4 : H <= 256 ? 8 : 16; }
 
+// Wider recurrences (16-bit, H = 768 and 1024) need more blocks than a cluster has: at 16 units a block, the
+// weights of a block fit in registers as at H = 512, and the H / 16 blocks of a row group, in no cluster, exchange
+// h (forward) and the partial dL/dh (backward) through global memory (L2), each 4-byte value sent with its step
+// in one 8-byte word (put_flagged, receive_flagged). The grid must be resident at once: a cooperative launch, one
+// wave only.
+constexpr bool is_wide(int H) { return H > 512; }
+constexpr int blocks_per_group(int H) { return is_wide(H) ? H / 16 : cluster_size(H); }
+
 // Padded row stride of an [8][n] shared tile so that the B-fragment loads of a warp hit 32 banks:
 // the stride in 32-bit words must be 4 mod 8.
 template <typename smem_t>
@@ -268,7 +320,8 @@ template <typename Cell, typename scalar_t, int H>
 struct ForwardConfig {
   using Op = Operand<scalar_t>;
   static constexpr int NG = Cell::kGates;     // gates
-  static constexpr int C = cluster_size(H);
+  static constexpr bool kWide = is_wide(H);
+  static constexpr int C = blocks_per_group(H);  // blocks of a row group: a cluster's, or (wide) H / 16
   static constexpr int U = H / C;            // units per block
   static constexpr int G = U / 16;           // 16-unit groups (one m16 tile per gate)
   static constexpr int NK = H / Op::KS;      // k-steps of the product
@@ -292,9 +345,11 @@ struct ForwardConfig {
 template <typename Cell, typename scalar_t, int H>
 struct BackwardConfig {
   using Op = Operand<scalar_t>;
-  static constexpr int C = cluster_size(H);
+  static constexpr bool kWide = is_wide(H);
+  static constexpr int C = blocks_per_group(H);
   static constexpr int U = H / C;
-  static constexpr int WARPS = H / 16;       // one m16 tile of dL/dh per warp
+  static constexpr int WARPS = kWide ? 16 : H / 16;  // m16 tiles of dL/dh: one per warp, MT per warp when wide
+  static constexpr int MT = H / 16 / WARPS;
   static constexpr int NT = WARPS * 32;
   static constexpr int KG = Cell::kGates * U;  // the block's own h-side gate rows: the K of the product
   static constexpr int NKB = KG / Op::KS;
@@ -302,7 +357,7 @@ struct BackwardConfig {
   static constexpr int RS = U + 4;
   static constexpr int PAIRS = U * kRows;
   static constexpr int NP = (PAIRS + NT - 1) / NT;
-  static_assert(KG % Op::KS == 0, "unsupported hidden size");
+  static_assert(KG % Op::KS == 0 && H % (16 * WARPS) == 0, "unsupported hidden size");
 };
 
 template <typename scalar_t>
@@ -323,6 +378,7 @@ struct ForwardParams {
   int64_t B;
   int64_t width;                // the layer's hidden size: its heads (grid rows) of the kernel's H units each
   int64_t act_step, cell_step;  // elements between steps of act, cells (0: one slot that every step overwrites)
+  uint64_t* exchange;           // wide kernels: h_t, [2][heads][groups][kRows][H / pack] flagged words; else null
 };
 
 template <typename scalar_t>
@@ -344,6 +400,7 @@ struct BackwardParams {
   int T;
   int64_t B;
   int64_t width;  // as the forward's
+  uint64_t* exchange;  // wide kernels: partial dL/dh, [2][heads][groups][owner][sender][kRows][16] flagged; else null
 };
 
 template <typename Cell, typename scalar_t, int H>
@@ -366,9 +423,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   // for those bytes; racecheck does not follow that chain and flagged it.)
   auto& red = *reinterpret_cast<float(*)[2][S][NG][kRows][RS]>(smem + Cfg::kHbufBytes);
 
+  constexpr bool kWide = Cfg::kWide;
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t b_base = static_cast<int64_t>(blockIdx.x / C) * kRows;
+  const int rank = kWide ? static_cast<int>(blockIdx.x % C) : static_cast<int>(cluster.block_rank());
+  const int64_t group = blockIdx.x / C, b_base = group * kRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int ug = warp % G, ks = warp / G;
   const int T = p.T;
@@ -413,6 +471,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   // 16-bit h travels in pairs of units (put() stores 4 bytes, as st.async does at least): even lanes send their
   // own and their odd neighbour's. Own units u and u + 1 sit in lanes tid and tid ^ 1 (U is even).
   constexpr int kPack = sizeof(smem_t) == 4 ? 1 : 2;
+  constexpr int kWords = kRows * H / kPack;  // h of a row group, in 4-byte words
+  // Wide kernels: this row group's h_t in the exchange buffer of parity t % 2.
+  const int64_t slot = static_cast<int64_t>(blockIdx.y) * (gridDim.x / C) + group;
+  auto exchanged = [&](int t) { return p.exchange + ((t & 1) * int64_t{gridDim.y} * (gridDim.x / C) + slot) * kWords; };
 
   auto load_x = [&](int t) {
 #pragma unroll
@@ -430,7 +492,11 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     }
   };
   load_x(0);
-  cluster.sync();  // every block has started and filled its h buffer before any remote write
+  if constexpr (kWide) {
+    __syncthreads();  // the block's h buffer filled before any warp reads it
+  } else {
+    cluster.sync();  // every block has started and filled its h buffer before any remote write
+  }
 
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
@@ -484,13 +550,29 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         bits = Op::pack(Op::to_smem(h[j]), Op::to_smem(other));
       }
       if (u % kPack == 0) {
+        if constexpr (kWide) {
+          if (t + 1 < T) put_flagged(exchanged(t + 1) + n * (H / kPack) + (rank * U + u) / kPack, bits, t + 1);
+        } else {
 #pragma unroll
-        for (int rr = 0; rr < C; ++rr) exchange.put(&hbuf[cur ^ 1][n][rank * U + u], bits, rr, t + 1);
+          for (int rr = 0; rr < C; ++rr) exchange.put(&hbuf[cur ^ 1][n][rank * U + u], bits, rr, t + 1);
+        }
       }
     }
-    exchange.end_step(t + 1, [&] {
-      if (t + 1 < T) load_x(t + 1);
-    });
+    if constexpr (kWide) {
+      if (t + 1 < T) {  // no one reads the last h_t back
+        load_x(t + 1);
+        static_assert(kWords % (2 * NT) == 0, "pairs of words per thread");
+        receive_flagged<kWords / (2 * NT)>(exchanged(t + 1), tid, NT, t + 1, [&](int pair, uint32_t a, uint32_t b) {
+          const int n = 2 * pair / (H / kPack), k = 2 * pair % (H / kPack);  // H / kPack is even
+          *reinterpret_cast<uint2*>(reinterpret_cast<uint32_t*>(&hbuf[cur ^ 1][n][0]) + k) = make_uint2(a, b);
+        });
+        __syncthreads();
+      }
+    } else {
+      exchange.end_step(t + 1, [&] {
+        if (t + 1 < T) load_x(t + 1);
+      });
+    }
   }
   exchange.finish();
 #pragma unroll
@@ -516,32 +598,47 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   using smem_t = typename Op::smem_t;
   constexpr int NG = Cell::kGates, A = Cell::kSaved, GB = Cell::kGradBlocks, CB = Cell::kCellBlocks;
   constexpr int C = Cfg::C, U = Cfg::U, NKB = Cfg::NKB, DS = Cfg::DS, RS = Cfg::RS, NT = Cfg::NT;
-  constexpr int NP = Cfg::NP, KS = Op::KS;
+  constexpr int NP = Cfg::NP, KS = Op::KS, MT = Cfg::MT;
+  constexpr bool kWide = Cfg::kWide;
+  constexpr int SC = kWide ? 1 : C;  // slots: the cluster's partial sums (wide kernels stage theirs in `staged`)
   // This block's h-side gate gradients, [row][gate row], double-buffered: a warp that has received its step's
   // partial sums may write the next step's while a warp that sends to another block still reads this one.
   __shared__ __align__(16) smem_t dgbuf[2][kRows][DS];
-  __shared__ float slots[2][C][kRows][RS];                  // partial dL/dh of our units, from each block
+  __shared__ float slots[2][SC][kRows][RS];                 // partial dL/dh of our units, from each block
+  __shared__ __align__(16) float staged[kWide ? C : 1][kWide ? kRows * 16 : 4];  // wide: the same, from the exchange
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t b_base = static_cast<int64_t>(blockIdx.x / C) * kRows;
+  const int64_t group = blockIdx.x / C, b_base = group * kRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int T = p.T;
   const int64_t B = p.B;
-  const int64_t HW = p.width, head = static_cast<int64_t>(blockIdx.y) * H, own = head + rank * U;  // as the forward's
+  const int64_t HW = p.width, head = static_cast<int64_t>(blockIdx.y) * H;  // as the forward's
+  const int me = kWide ? static_cast<int>(blockIdx.x % C) : rank;
+  const int64_t own = head + me * U;
+  // Wide kernels: the partial sums of parity s % 2 that block `sender` sends to block `owner` (C x C tiles of
+  // kRows x 16 a row group).
+  const int64_t slot = static_cast<int64_t>(blockIdx.y) * (gridDim.x / C) + group;
+  auto exchanged = [&](int s, int owner, int sender) {
+    return p.exchange + ((((s & 1) * int64_t{gridDim.y} * (gridDim.x / C) + slot) * C + owner) * C + sender) * (kRows * 16);
+  };
 
-  // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are the gates x U units.
-  typename Op::A wf[NKB];
+  // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are the gates x U units. The warp's
+  // m16 tiles of dL/dh (units): warp * MT + i.
+  typename Op::A wf[MT][NKB];
 #pragma unroll
-  for (int kk = 0; kk < NKB; ++kk) {
-    wf[kk] = Op::load_a(
-        [&](int m, int k) {
-          const int kg = kk * KS + k;
-          return p.w_hh[((kg / U) * HW + own + kg % U) * H + warp * 16 + m];
-        },
-        gid, tig);
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int kk = 0; kk < NKB; ++kk) {
+      wf[i][kk] = Op::load_a(
+          [&](int m, int k) {
+            const int kg = kk * KS + k;
+            return p.w_hh[((kg / U) * HW + own + kg % U) * H + (warp * MT + i) * 16 + m];
+          },
+          gid, tig);
+    }
   }
-  for (int idx = tid; idx < 2 * C * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
+  for (int idx = tid; idx < 2 * SC * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
   CellState<Cell, float> dc[NP], cc[NP], cp[NP];  // dL/dc, c_t, c_{t-1} (the state blocks CB HW apart)
   float carry[NP], sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
@@ -564,6 +661,15 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   exchange.init(bars, kRows * H * sizeof(float));
   // This warp's 16 rows of dL/dh (units warp*16 ...) belong to one block: 16 divides U.
   const int owner = warp * 16 / U;
+  // Wide kernels: this block's partial sums of step s (its units, from every block), staged in shared memory.
+  auto stage = [&](int s) {
+    constexpr int kPairs = kWide ? C * kRows * 8 : NT;  // pairs of words a block receives
+    static_assert(kPairs % NT == 0, "pairs of words per thread");
+    receive_flagged<kPairs / NT>(exchanged(s, me, 0), tid, NT, s, [&](int pair, uint32_t a, uint32_t b) {
+      *reinterpret_cast<float2*>(&staged[0][0] + 2 * pair) = make_float2(__uint_as_float(a), __uint_as_float(b));
+    });
+    __syncthreads();
+  };
 
   auto load = [&](int t) {
 #pragma unroll
@@ -588,10 +694,13 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     }
   };
   load(T - 1);
-  cluster.sync();
+  if constexpr (!kWide) cluster.sync();
 
   for (int it = 0; it < T; ++it) {
     const int t = T - 1 - it, cur = it & 1;
+    if constexpr (kWide) {
+      if (it > 0) stage(it);
+    }
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
       const int pair = tid + j * NT, u = pair % U, n = pair / U;
@@ -600,8 +709,15 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       float dg[GB] = {};
       if (b < B) {
         float dh = carry[j];
+        if constexpr (kWide) {
+          if (it > 0) {
+#pragma unroll 8
+            for (int rr = 0; rr < C; ++rr) dh += staged[rr][n * 16 + u];  // fixed order: deterministic
+          }
+        } else {
 #pragma unroll
-        for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
+          for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
+        }
         const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
         carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg, z)
                               : backward_values<Cell, DeviceMath, false>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg);
@@ -611,21 +727,38 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       for (int q = 0; q < NG; ++q) dgbuf[cur][n][q * U + u] = Op::to_smem(dg[q]);
     }
     __syncthreads();
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    typename Op::B bf[NKB];
 #pragma unroll
-    for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[kk], Op::load_b(&dgbuf[cur][0][0], DS, kk * KS, gid, tig));
-    {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
-      const float* d = &slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid];
-      exchange.put(d, __float_as_uint(acc[0]), owner, it + 1);
-      exchange.put(d + RS, __float_as_uint(acc[1]), owner, it + 1);
-      exchange.put(d + 8, __float_as_uint(acc[2]), owner, it + 1);
-      exchange.put(d + RS + 8, __float_as_uint(acc[3]), owner, it + 1);
+    for (int kk = 0; kk < NKB; ++kk) bf[kk] = Op::load_b(&dgbuf[cur][0][0], DS, kk * KS, gid, tig);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[i][kk], bf[kk]);
+      if constexpr (kWide) {  // tile warp * MT + i: the 16 units of block warp * MT + i (U = 16), [row][unit]
+        uint64_t* d = exchanged(it + 1, warp * MT + i, me);
+        put_flagged(d + (2 * tig) * 16 + gid, __float_as_uint(acc[0]), it + 1);
+        put_flagged(d + (2 * tig + 1) * 16 + gid, __float_as_uint(acc[1]), it + 1);
+        put_flagged(d + (2 * tig) * 16 + gid + 8, __float_as_uint(acc[2]), it + 1);
+        put_flagged(d + (2 * tig + 1) * 16 + gid + 8, __float_as_uint(acc[3]), it + 1);
+      } else {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
+        const float* d = &slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid];
+        exchange.put(d, __float_as_uint(acc[0]), owner, it + 1);
+        exchange.put(d + RS, __float_as_uint(acc[1]), owner, it + 1);
+        exchange.put(d + 8, __float_as_uint(acc[2]), owner, it + 1);
+        exchange.put(d + RS + 8, __float_as_uint(acc[3]), owner, it + 1);
+      }
     }
-    exchange.end_step(it + 1, [&] {
-      if (t > 0) load(t - 1);
-    });
+    if constexpr (kWide) {
+      if (t > 0) load(t - 1);  // the next step's stage() waits for its partial sums
+    } else {
+      exchange.end_step(it + 1, [&] {
+        if (t > 0) load(t - 1);
+      });
+    }
   }
   exchange.finish();
+  if constexpr (kWide) stage(T);
   const int last = T & 1;  // the slot parity written by the last step
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
@@ -633,8 +766,12 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + n;
     if (pair < Cfg::PAIRS && b < B) {
       float dh = carry[j];
+      if constexpr (kWide) {
+        for (int rr = 0; rr < C; ++rr) dh += staged[rr][n * 16 + u];
+      } else {
 #pragma unroll
-      for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
+        for (int rr = 0; rr < C; ++rr) dh += slots[last][rr][n][u];
+      }
       p.grad_h0[b * HW + own + u] = scalar_t(dh);
       if (Cell::kHasCell) store_state(p.grad_c0 + b * CB * HW + own + u, HW, dc[j]);
     }
@@ -665,24 +802,50 @@ cudaError_t allow_cluster(Kernel kernel, int cluster, int smem) {
   return cluster > 8 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
-// One grid row of clusters per head.
+// One grid row of clusters per head (wide kernels: of row groups of `blocks` blocks, launched cooperatively, which
+// fails rather than run a grid that is not resident at once).
 template <typename Kernel, typename Params>
-void launch(Kernel kernel, int threads, int cluster, int smem, int64_t B, int64_t heads, const Params& params) {
-  C10_CUDA_CHECK(allow_cluster(kernel, cluster, smem));
-  const int64_t clusters = (B + kRows - 1) / kRows;
+void launch(Kernel kernel, int threads, int blocks, bool wide, int smem, int64_t B, int64_t heads, const Params& params) {
+  C10_CUDA_CHECK(allow_cluster(kernel, wide ? 1 : blocks, smem));
+  const int64_t groups = (B + kRows - 1) / kRows;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster), static_cast<unsigned>(heads));
+  config.gridDim = dim3(static_cast<unsigned>(groups * blocks), static_cast<unsigned>(heads));
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
+  if (wide) {
+    attribute[0].id = cudaLaunchAttributeCooperative;
+    attribute[0].val.cooperative = 1;
+  } else {
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = blocks;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+  }
   config.attrs = attribute;
   config.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+// Blocks of a wide kernel that are resident at once on the device (asked once per kernel and device).
+template <typename Kernel>
+int64_t max_resident_blocks(Kernel kernel, int threads, int smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, int64_t> known;
+  const std::pair<int, const void*> key{at::cuda::current_device(), reinterpret_cast<const void*>(kernel)};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int per_sm = 0;
+  if (allow_cluster(kernel, 1, smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    per_sm = 0;
+  }
+  const int64_t n = int64_t{per_sm} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  known[key] = n;
+  return n;
 }
 
 // Clusters of this kernel that fit on the device at once (asked once per kernel and device; kernels of one
@@ -716,8 +879,8 @@ int max_active_clusters(Kernel kernel, int threads, int cluster, int smem) {
 }
 
 // Calls f(std::integral_constant<int, H>{}) for the hidden sizes with a kernel for this cell and element
-// type. At H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM, 64 for the LSTM; float32
-// would need twice as many).
+// type. From H = 512 only 16-bit weights fit in registers (48 a thread for the LLTM, 64 for the LSTM; float32
+// would need twice as many); 768 and 1024 are the wide kernels (is_wide).
 template <typename Cell, typename scalar_t, typename F>
 bool with_hidden_size(int64_t H, F f) {
   switch (H) {
@@ -725,8 +888,12 @@ bool with_hidden_size(int64_t H, F f) {
     case 128: f(std::integral_constant<int, 128>{}); return true;
     case 256: f(std::integral_constant<int, 256>{}); return true;
     case 512:
+    case 768:
+    case 1024:
       if constexpr (sizeof(scalar_t) == 2) {
-        f(std::integral_constant<int, 512>{});
+        if (H == 512) f(std::integral_constant<int, 512>{});
+        if (H == 768) f(std::integral_constant<int, 768>{});
+        if (H == 1024) f(std::integral_constant<int, 1024>{});
         return true;
       }
       return false;
@@ -763,6 +930,11 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, int64_t num
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;  // thread-block clusters
   if (B < 1 || B > (int64_t{1} << 28) || num_heads < 1 || num_heads > 65535 || H % num_heads != 0) return false;
+  static const bool cooperative = [] {  // the wide kernels' launch (a GPU or MPS client may refuse it)
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, cudaDevAttrCooperativeLaunch, at::cuda::current_device()) == cudaSuccess &&
+           value == 1;
+  }();
   const int64_t DH = H / num_heads;  // a kernel's width: one head's
   bool ok = false;
   with_scalar_type(dtype, [&](auto zero) {
@@ -770,8 +942,15 @@ bool persistent_supports(at::ScalarType dtype, int64_t H, int64_t B, int64_t num
     with_hidden_size<Cell, scalar_t>(DH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
-      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes);
       const int64_t clusters = (B + kRows - 1) / kRows * num_heads;
+      if constexpr (Cfg::kWide) {  // one wave, whatever any_batch says: the row group's blocks wait for each other
+        using Bwd = BackwardConfig<Cell, scalar_t, kH>;
+        const int64_t blocks = clusters * Cfg::C;
+        ok = cooperative && blocks <= max_resident_blocks(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::kSmemBytes) &&
+             blocks <= max_resident_blocks(backward_kernel<Cell, scalar_t, kH>, Bwd::NT, 0);
+        return;
+      }
+      const int active = max_active_clusters(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes);
       ok = active > 0 && (any_batch || clusters <= max_waves<scalar_t>(kH) * static_cast<int64_t>(active));
     });
   });
@@ -790,11 +969,18 @@ void persistent_forward(const ForwardTensors& f) {
                                          ptr<scalar_t>(f.h0),    ptr<scalar_t>(f.c0),
                                          ptr<scalar_t>(f.weight_hh), ptr<scalar_t>(f.bias_hn),
                                          ptr<int64_t>(f.lengths), ptr<scalar_t>(f.zoneout), static_cast<int>(T), B,
-                                         H, step_stride(f.activations), step_stride(f.cells)};
+                                         H, step_stride(f.activations), step_stride(f.cells), nullptr};
     const bool ok = with_hidden_size<Cell, scalar_t>(H / NH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = ForwardConfig<Cell, scalar_t, kH>;
-      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kSmemBytes, B, NH, params);
+      ForwardParams<scalar_t> with = params;
+      at::Tensor exchange;
+      if constexpr (Cfg::kWide) {  // h_t of every row group, two parities, zeroed (put_flagged says why)
+        const int64_t slots = (B + kRows - 1) / kRows * NH;
+        exchange = at::zeros({2 * slots * kRows * kH / 2}, f.gates.options().dtype(at::kLong));
+        with.exchange = reinterpret_cast<uint64_t*>(exchange.data_ptr());
+      }
+      launch(forward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kWide, Cfg::kSmemBytes, B, NH, with);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for heads of " + std::to_string(H / NH) + " units");
   });
@@ -814,11 +1000,18 @@ void persistent_backward(const BackwardTensors& g) {
                                           ptr<scalar_t>(g.grad_c_n),    ptr<scalar_t>(g.weight_hh),
                                           ptr<int64_t>(g.lengths),      ptr<scalar_t>(g.zoneout),
                                           ptr<scalar_t>(g.grad_h0),
-                                          ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B, H};
+                                          ptr<scalar_t>(g.grad_c0),     static_cast<int>(T), B, H, nullptr};
     const bool ok = with_hidden_size<Cell, scalar_t>(H / NH, [&](auto h) {
       constexpr int kH = decltype(h)::value;
       using Cfg = BackwardConfig<Cell, scalar_t, kH>;
-      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, 0, B, NH, params);
+      BackwardParams<scalar_t> with = params;
+      at::Tensor exchange;
+      if constexpr (Cfg::kWide) {  // partial dL/dh: C x C tiles of kRows x 16 a row group, two parities, zeroed
+        const int64_t slots = (B + kRows - 1) / kRows * NH;
+        exchange = at::zeros({2 * slots * Cfg::C * Cfg::C * kRows * 16}, g.activations.options().dtype(at::kLong));
+        with.exchange = reinterpret_cast<uint64_t*>(exchange.data_ptr());
+      }
+      launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kWide, 0, B, NH, with);
     });
     TORCH_CHECK(ok, "lltm: no persistent kernel for heads of " + std::to_string(H / NH) + " units");
   });
