@@ -7,7 +7,8 @@
 // blocks exchange only h (forward) or the partial dL/dh (backward) through distributed shared memory: asynchronous
 // stores that each receiver counts on an mbarrier, with no cluster-wide barrier (clusters of 16 keep one:
 // async_exchange); nothing goes through global memory except the inputs and outputs each step must read and write
-// anyway. (Design and measurements: benchmarks/log/, 2026-11-30 to 2026-12-02; the layout follows the Persistent RNN
+// anyway. The wide kernels (H 768 and 1024, is_wide) are the exception: their blocks are in no cluster, and h and
+// the partial dL/dh go through L2 (put_flagged). (Design and measurements: benchmarks/log/, 2026-11-30 to 2026-12-02; the layout follows the Persistent RNN
 // idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their distributed
 // shared memory, available from compute capability 9.0.)
 //
@@ -194,9 +195,11 @@ struct Exchange {
 // the step sees the value, with no fence and no barrier. Against a counter barrier (fence, atomic add, spin, then
 // the loads) it took a step of the LSTM at H 768 (B 16, float16, H100) from 3.65 to 2.90 us forward and 3.86 to
 // 3.36 us backward; at H 1024 the backward, which sends twice the bytes of the partial sums, went 4.19 to 5.24 us
-// (forward 3.65 to 3.28). A buffer of one parity is written again two steps later, by a block that has
-// received the step between, which every block sent only after receiving this one. Steps count from 1 in a
-// zeroed buffer, so no word of an earlier launch passes for one of this launch.
+// (forward 3.65 to 3.28; 1.77 to 1.65 M tokens/s in all). One exchange serves both widths for the gain at 768, the
+// width measured against cuDNN and FlashRNN; H 1024's backward is open work (issue 38). A buffer of one parity
+// is written again two steps later, by a block that has received the step between, which every block sent only
+// after receiving this one. Steps count from 1 in a zeroed buffer, so no word of an earlier launch passes for one
+// of this launch.
 __device__ __forceinline__ void put_flagged(uint64_t* to, uint32_t bits, unsigned step) {
   const uint64_t word = (static_cast<uint64_t>(step) << 32) | bits;
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(to), "l"(word) : "memory");
