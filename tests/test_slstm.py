@@ -64,7 +64,15 @@ def test_large_pre_activations_stay_finite_and_n_at_least_one(backend_device):
     assert torch.isfinite(out).all() and torch.isfinite(torch.stack([h, c, n, m])).all()
     assert (n >= 1 - 1e-6).all()
     ref, _ = rnn_layer("slstm", x.double(), None, w_ih.double(), w_hh.double(), b.double(), backend="python")
-    assert (out.double().cpu() - ref).abs().max() < 1e-3
+    # Weights this large make the recurrence chaotic: float32's roundings move the output as much as float64 moves
+    # it for weights perturbed by 2^-24 (200 CPU draws: 13 beyond 1e-3, up to 2.0 where a unit's h flips sign;
+    # above 5e-4 at most 1.9x the largest change of 3 perturbed float64 runs, 4.1x in one more draw, LLTM_TEST_SEED=
+    # 101; LLTM_TEST_SEED=3274258465 failed a bound of 1e-3 alone). 10x it: in 2% of draws the bound passes 0.1.
+    conditioning = max(float((rnn_layer("slstm", x.double(), None,
+                                        *(t.double() * (1 + 2**-24 * torch.randn(t.shape, dtype=torch.float64))
+                                          for t in (w_ih, w_hh, b)), backend="python")[0] - ref).abs().max())
+                       for _ in range(3))
+    assert (out.double().cpu() - ref).abs().max() <= max(1e-3, 10 * conditioning)
 
 
 @pytest.mark.parametrize("backend_device", BACKENDS)
