@@ -8,9 +8,10 @@
 // stores that each receiver counts on an mbarrier, with no cluster-wide barrier (clusters of 16 keep one:
 // async_exchange); nothing goes through global memory except the inputs and outputs each step must read and write
 // anyway. The wide kernels (H 768 and 1024, is_wide) are the exception: their blocks are in no cluster, and h and
-// the partial dL/dh go through L2 (put_flagged). (Design and measurements: benchmarks/log/, 2026-11-30 to 2026-12-02; the layout follows the Persistent RNN
-// idea of Diamos et al., 2016, with the grid-wide barrier replaced by thread-block clusters and their distributed
-// shared memory, available from compute capability 9.0.)
+// the partial dL/dh go through L2 (put_flagged). (Design and measurements: benchmarks/log/, 2026-11-30 to
+// 2026-12-02, and benchmarks/2026-12-06_h100_wide/; the layout follows the Persistent RNN idea of Diamos et al.,
+// 2016, with the grid-wide barrier replaced by thread-block clusters and their distributed shared memory, available
+// from compute capability 9.0.)
 //
 // Forward step, block r, 8 rows: gates_own^T (G U x 8) = W_own (G U x H) . h_{t-1}^T (H x 8) on tensor
 // cores (the K dimension split over warps, partial sums reduced in shared memory), plus the x-projection
@@ -22,7 +23,6 @@
 // Heads (lltm.h): the grid has a row of clusters per head, each an independent recurrence whose width is the
 // kernel's H (the head's DH), on its units of the layer's `width` and its blocks of W_hh.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
