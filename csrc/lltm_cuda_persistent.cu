@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <mutex>
 #include <map>
 #include <utility>
@@ -189,6 +190,32 @@ struct Exchange {
     if constexpr (kAsync) cg::this_cluster().sync();  // no block exits while another may still write into it
   }
 };
+
+// The wide kernels keep the values loaded for the next step in their storage type until the step uses them:
+// converting them at the load (16-bit to float) made each pointwise thread wait there for its loads, about 1,400
+// cycles a step (clock64 probes), before it took its part in the exchange. The wide LSTM (H 768, B 16, fp16,
+// H100): forward 2.93 -> 2.63 us a step, backward 3.36 -> 3.28 (benchmarks/2026-12-06_h100_wide/README.md). The
+// cluster kernels wait for their cluster's barrier there anyway; they keep float (in their backward the 16-bit
+// copies cost registers: spills grew at H 512), unmeasured either way.
+template <typename acc_t, int N>
+struct Widened {
+  acc_t v[N];
+};
+template <typename acc_t, typename scalar_t, int N>
+__device__ __forceinline__ Widened<acc_t, N> raw(const scalar_t (&from)[N]) {
+  Widened<acc_t, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.v[i] = acc_t(from[i]);
+  return out;
+}
+template <typename acc_t, typename scalar_t>
+__device__ __forceinline__ acc_t widen(scalar_t x) {
+  return acc_t(x);
+}
+template <typename acc_t, typename scalar_t>
+__device__ __forceinline__ SLSTMState<acc_t> widen(const SLSTMState<scalar_t>& x) {
+  return {acc_t(x.c), acc_t(x.n), acc_t(x.m)};
+}
 
 // The wide kernels' exchange, as NCCL's LL protocol: each 4-byte value travels with the step that sent it in one
 // aligned 8-byte word, which a store writes and a load reads whole (single-copy atomic), so a receiver that sees
@@ -453,7 +480,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     hbuf[0][n][k] = b < B ? Op::to_smem(float(p.h0[b * HW + head + k])) : Op::to_smem(0.f);
   }
   CellState<Cell, float> c[NP];  // the c state of the thread's (unit, row) pairs: the state blocks CB HW apart
-  float h[NP], x[NP][NG], bhn[NP], zh[NP], zc[NP];  // zh, zc: the step's zoneout factors
+  float h[NP], bhn[NP];
+  // The next step's inputs: x, the zoneout factors zh, zc (wide kernels: in their storage type until used, raw()).
+  using load_t = std::conditional_t<kWide, scalar_t, float>;
+  load_t x[NP][NG], zh[NP], zc[NP];
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
 #pragma unroll
@@ -466,7 +496,9 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     h[j] = valid ? float(p.h0[b * HW + own + u]) : 0.f;
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[own + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
-    zh[j] = zc[j] = 0.f;
+    zh[j] = zc[j] = load_t(0.f);
+#pragma unroll
+    for (int q = 0; q < NG; ++q) x[j][q] = load_t(0.f);  // a row past its length converts, never uses, them
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
@@ -488,8 +520,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         load_blocks(p.gates + (static_cast<int64_t>(t) * B + b) * NG * HW + own + u, HW, x[j]);
         if (p.zoneout) {
           const scalar_t* z = p.zoneout + (static_cast<int64_t>(t) * B + b) * NS * HW + own + u;
-          zh[j] = float(z[0]);
-          zc[j] = Cell::kHasCell ? float(z[HW]) : 0.f;
+          zh[j] = load_t(z[0]);
+          zc[j] = Cell::kHasCell ? load_t(z[HW]) : load_t(0.f);
         }
       }
     }
@@ -538,9 +570,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         }
         if (Cell::kSplit) gh[NG - 1] += bhn[j];
         const bool run = t < len[j];
-        const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
-        const float out = run ? forward_values<Cell, DeviceMath, true>(x[j], gh, c[j], h[j], s, z)
-                              : forward_values<Cell, DeviceMath, false>(x[j], gh, c[j], h[j], s);
+        const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
+        const auto gx = raw<float>(x[j]);
+        const float out = run ? forward_values<Cell, DeviceMath, true>(gx.v, gh, c[j], h[j], s, z)
+                              : forward_values<Cell, DeviceMath, false>(gx.v, gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) store_state(p.cells + t * p.cell_step + b * CB * HW + own + u, HW, c[j]);
@@ -642,8 +675,13 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     }
   }
   for (int idx = tid; idx < 2 * SC * kRows * RS; idx += NT) (&slots[0][0][0][0])[idx] = 0.f;
-  CellState<Cell, float> dc[NP], cc[NP], cp[NP];  // dL/dc, c_t, c_{t-1} (the state blocks CB HW apart)
-  float carry[NP], sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
+  CellState<Cell, float> dc[NP];  // dL/dc (the state blocks CB HW apart)
+  float carry[NP];
+  // The next step's inputs: c_t, c_{t-1}, the saved activations, h_{t-1}, dL/dh_t from the output, the zoneout
+  // factors (wide kernels: in their storage type until used, raw(); elsewhere it cost registers, and spills at H 512).
+  using load_t = std::conditional_t<kWide, scalar_t, float>;
+  CellState<Cell, load_t> cc[NP], cp[NP];
+  load_t sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
   const bool c_prev = Cell::kNeedsCPrev || (Cell::kHasCell && p.zoneout);  // zoneout recomputes the cell's c
@@ -653,11 +691,14 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     const int64_t b = b_base + pair / U;
     const bool valid = pair < Cfg::PAIRS && b < B;
     const int64_t k = b * HW + own + u;
-    dc[j] = cc[j] = cp[j] = {};
+    dc[j] = {};
+    cc[j] = cp[j] = {};
     if (valid && p.grad_c_n) load_state(p.grad_c_n + b * CB * HW + own + u, HW, dc[j]);
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
-    zh[j] = zc[j] = 0.f;
+    zh[j] = zc[j] = hp[j] = go[j] = load_t(0.f);
+#pragma unroll
+    for (int a = 0; a < A; ++a) sv[j][a] = load_t(0.f);
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
@@ -686,12 +727,12 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         load_blocks(p.act + row * A * HW + own + u, HW, sv[j]);
         if (Cell::kHasCell) load_state(p.cells + kc, HW, cc[j]);
         if (c_prev) load_state(t > 0 ? p.cells + kc - B * CB * HW : p.c0 + b * CB * HW + own + u, HW, cp[j]);
-        if (Cell::kNeedsHPrev) hp[j] = float(t > 0 ? p.output[k_prev] : p.h0[k0]);
-        go[j] = p.grad_output ? float(p.grad_output[k]) : 0.f;
+        if (Cell::kNeedsHPrev) hp[j] = load_t(t > 0 ? p.output[k_prev] : p.h0[k0]);
+        go[j] = p.grad_output ? load_t(p.grad_output[k]) : load_t(0.f);
         if (p.zoneout) {
           const scalar_t* z = p.zoneout + row * NS * HW + own + u;
-          zh[j] = float(z[0]);
-          zc[j] = Cell::kHasCell ? float(z[HW]) : 0.f;
+          zh[j] = load_t(z[0]);
+          zc[j] = Cell::kHasCell ? load_t(z[HW]) : load_t(0.f);
         }
       }
     }
@@ -721,9 +762,12 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
 #pragma unroll
           for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
         }
-        const Zoneout<float> z{p.zoneout != nullptr, zh[j], zc[j]};
-        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg, z)
-                              : backward_values<Cell, DeviceMath, false>(dh, go[j], dc[j], sv[j], cc[j], cp[j], hp[j], dg);
+        const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
+        const auto saved = raw<float>(sv[j]);
+        const CellState<Cell, float> c_t = widen<float>(cc[j]), c_before = widen<float>(cp[j]);
+        const float h_prev = float(hp[j]), d_out = float(go[j]);
+        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, d_out, dc[j], saved.v, c_t, c_before, h_prev, dg, z)
+                              : backward_values<Cell, DeviceMath, false>(dh, d_out, dc[j], saved.v, c_t, c_before, h_prev, dg);
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * HW + own + u, HW, dg);
       }
 #pragma unroll
