@@ -2,11 +2,14 @@ import sys, json, torch
 from collections import defaultdict
 from lltm_train.functional import rnn_layer
 from lltm_train.ops.cells import CELLS
-out = open(sys.argv[1], "a")
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
-for spec in sys.argv[2].split(","):
+T, I = 1024, 768
+
+
+def make_step(spec):
+    """spec "cell:H:B:dtype" -> (cell name, H, B, dtype, step): step() runs forward + backward of one layer."""
     cellname, H, B, dt = spec.split(":"); H, B, dt = int(H), int(B), DT[dt]
-    cell = CELLS[cellname]; T, I = 1024, 768; G = cell.num_gates; dev = "cuda"
+    cell = CELLS[cellname]; G = cell.num_gates; dev = "cuda"
     torch.manual_seed(0)
     x = torch.randn(T, B, I, device=dev, dtype=dt, requires_grad=True)
     st = tuple(torch.zeros(B, H, device=dev, dtype=dt) for _ in cell.states)
@@ -16,21 +19,28 @@ for spec in sys.argv[2].split(","):
     def step():
         o, s = rnn_layer(cell, x, st, w_ih, w_hh, *bs, backend="cuda")
         o.float().sum().backward()
-    for _ in range(3): step()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ts = []
-    for _ in range(5):
-        ev[0].record(); step(); ev[1].record(); torch.cuda.synchronize(); ts.append(ev[0].elapsed_time(ev[1]))
-    ts.sort()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    return cellname, H, B, dt, step
+
+
+if __name__ == "__main__":
+    out = open(sys.argv[1], "a")
+    for spec in sys.argv[2].split(","):
+        cellname, H, B, dt, step = make_step(spec)
         for _ in range(3): step()
         torch.cuda.synchronize()
-    agg = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            agg[e.name[:60]] += e.device_time / 3
-    top = sorted(agg.items(), key=lambda kv: -kv[1])[:6]
-    row = {"cell": cellname, "H": H, "B": B, "dtype": str(dt), "median_ms": ts[2], "tok_s": T*B/ts[2]*1e3,
-           "kernels_us_per_call": {k: round(v, 1) for k, v in top}, "us_per_step": {k[:30]: round(v/T, 3) for k, v in top[:2]}}
-    print(json.dumps(row)); out.write(json.dumps(row) + "\n"); out.flush()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ts = []
+        for _ in range(5):
+            ev[0].record(); step(); ev[1].record(); torch.cuda.synchronize(); ts.append(ev[0].elapsed_time(ev[1]))
+        ts.sort()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3): step()
+            torch.cuda.synchronize()
+        agg = defaultdict(float)
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                agg[e.name[:60]] += e.device_time / 3
+        top = sorted(agg.items(), key=lambda kv: -kv[1])[:6]
+        row = {"cell": cellname, "H": H, "B": B, "dtype": str(dt), "median_ms": ts[2], "tok_s": T*B/ts[2]*1e3,
+               "kernels_us_per_call": {k: round(v, 1) for k, v in top}, "us_per_step": {k[:30]: round(v/T, 3) for k, v in top[:2]}}
+        print(json.dumps(row)); out.write(json.dumps(row) + "\n"); out.flush()
