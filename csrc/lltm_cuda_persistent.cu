@@ -497,8 +497,6 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
     bhn[j] = Cell::kSplit && p.bias_hn ? float(p.bias_hn[own + u]) : 0.f;
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
     zh[j] = zc[j] = load_t(0.f);
-#pragma unroll
-    for (int q = 0; q < NG; ++q) x[j][q] = load_t(0.f);  // a row past its length converts, never uses, them
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
@@ -697,8 +695,6 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
     carry[j] = valid && p.grad_h_n ? float(p.grad_h_n[k]) : 0.f;  // enters step T-1 like a carried gradient
     len[j] = valid ? (p.lengths ? static_cast<int>(p.lengths[b]) : T) : 0;
     zh[j] = zc[j] = hp[j] = go[j] = load_t(0.f);
-#pragma unroll
-    for (int a = 0; a < A; ++a) sv[j][a] = load_t(0.f);
   }
   __shared__ uint64_t bars[2];
   Exchange<async_exchange(C)> exchange;
