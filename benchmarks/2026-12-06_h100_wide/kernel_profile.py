@@ -15,7 +15,7 @@ def make_step(spec):
     st = tuple(torch.zeros(B, H, device=dev, dtype=dt) for _ in cell.states)
     w_ih = (torch.randn(G*H, I, device=dev) * I**-0.5).to(dt).requires_grad_()
     w_hh = (torch.randn(G*H, H, device=dev) * H**-0.5).to(dt).requires_grad_()
-    bs = [torch.zeros(G*H, device=dev, dtype=dt, requires_grad=True) for _ in range(2)]
+    bs = [torch.zeros(G*H, device=dev, dtype=dt, requires_grad=True) for _ in cell.biases]
     def step():
         o, s = rnn_layer(cell, x, st, w_ih, w_hh, *bs, backend="cuda")
         o.float().sum().backward()
