@@ -4,7 +4,7 @@
 # order. Run from the repository root on the GPU machine, after the wheels of ../shared/device/README.md are
 # installed into $SITE (default /tmp/site):
 #   bash benchmarks/2026-12-06_h100_wide/try_patches.sh "$OUT" [SPECS]
-# Writes $OUT/profile.jsonl (a {"variant": ...} line before each build's rows) and $OUT/builds.log.
+# Writes $OUT/profile.jsonl (a {"variant": ...} line before each build's rows) and $OUT/builds.log; TESTS (below) adds tests.
 set -u
 OUT=$1
 SPECS=${2:-lstm:768:16:fp16,lstm:1024:16:fp16,slstm:768:16:bf16}
@@ -27,4 +27,9 @@ for order in "${VARIANTS[*]}" "$(printf '%s\n' "${VARIANTS[@]}" | tac | tr '\n' 
     (cd "/tmp/variant_$v" && PYTHONPATH=/tmp/variant_$v:$SITE python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" "$SPECS" \
       > /dev/null 2>> "$OUT/builds.log")
   done
+done
+# TESTS="all fp24" (say): the wide kernels' CUDA tests on those builds afterwards, a summary line each in builds.log.
+for v in ${TESTS:-}; do
+  (cd "/tmp/variant_$v" && cp -r "$OLDPWD/tests" . && PYTHONPATH=/tmp/variant_$v:$SITE timeout 300 python3 -m pytest -q -x \
+    -m cuda -k "768 or 1024" tests -p no:cacheprovider 2>&1 | tail -n 1 | sed "s/^/$v tests: /" >> "$OUT/builds.log")
 done
