@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for the next_*.patch files of this folder: builds the tree as it is and with each patch (alone, then
-# all three) in copies under /tmp, then times every build with kernel_profile.py, twice, the second pass in reverse
+# all four) in copies under /tmp, then times every build with kernel_profile.py, twice, the second pass in reverse
 # order. Run from the repository root on the GPU machine, after the wheels of ../shared/device/README.md are
 # installed into $SITE (default /tmp/site):
 #   bash benchmarks/2026-12-06_h100_wide/try_patches.sh "$OUT" [SPECS]
@@ -11,8 +11,9 @@ SPECS=${2:-lstm:768:16:fp16,lstm:1024:16:fp16,slstm:768:16:bf16}
 SITE=${SITE:-/tmp/site}
 HERE=$PWD/benchmarks/2026-12-06_h100_wide
 declare -A PATCHES=([main]="" [fp24]="next_fp24_backward.patch" [spread]="next_spread_sums.patch"
-                    [fast]="next_fast_math.patch" [all]="next_fp24_backward.patch next_spread_sums.patch next_fast_math.patch")
-VARIANTS=(main fp24 spread fast all)
+                    [fast]="next_fast_math.patch" [poll]="next_poll_gpu_scope.patch"
+                    [all]="next_fp24_backward.patch next_spread_sums.patch next_fast_math.patch next_poll_gpu_scope.patch")
+VARIANTS=(main fp24 spread fast poll all)
 for v in "${VARIANTS[@]}"; do
   dir=/tmp/variant_$v
   rm -rf "$dir" && mkdir -p "$dir" && cp -r csrc lltm_train pyproject.toml setup.py "$dir/"
