@@ -33,9 +33,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <type_traits>
 #include <mutex>
 #include <map>
+#include <type_traits>
 #include <utility>
 
 #include "lltm_cuda.h"
@@ -197,16 +197,10 @@ struct Exchange {
 // H100): forward 2.93 -> 2.63 us a step, backward 3.36 -> 3.28 (benchmarks/2026-12-06_h100_wide/README.md). The
 // cluster kernels wait for their cluster's barrier there anyway; they keep float (in their backward the 16-bit
 // copies cost registers: spills grew at H 512), unmeasured either way.
-template <typename acc_t, int N>
-struct Widened {
-  acc_t v[N];
-};
 template <typename acc_t, typename scalar_t, int N>
-__device__ __forceinline__ Widened<acc_t, N> raw(const scalar_t (&from)[N]) {
-  Widened<acc_t, N> out;
+__device__ __forceinline__ void widen(const scalar_t (&from)[N], acc_t (&to)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) out.v[i] = acc_t(from[i]);
-  return out;
+  for (int i = 0; i < N; ++i) to[i] = acc_t(from[i]);
 }
 template <typename acc_t, typename scalar_t>
 __device__ __forceinline__ acc_t widen(scalar_t x) {
@@ -481,7 +475,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   }
   CellState<Cell, float> c[NP];  // the c state of the thread's (unit, row) pairs: the state blocks CB HW apart
   float h[NP], bhn[NP];
-  // The next step's inputs: x, the zoneout factors zh, zc (wide kernels: in their storage type until used, raw()).
+  // The next step's inputs: x, the zoneout factors zh, zc (wide kernels: in their storage type until used, widen()).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
   load_t x[NP][NG], zh[NP], zc[NP];
   int len[NP];
@@ -569,9 +563,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         if (Cell::kSplit) gh[NG - 1] += bhn[j];
         const bool run = t < len[j];
         const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
-        const auto gx = raw<float>(x[j]);
-        const float out = run ? forward_values<Cell, DeviceMath, true>(gx.v, gh, c[j], h[j], s, z)
-                              : forward_values<Cell, DeviceMath, false>(gx.v, gh, c[j], h[j], s);
+        float gx[NG];
+        widen(x[j], gx);
+        const float out = run ? forward_values<Cell, DeviceMath, true>(gx, gh, c[j], h[j], s, z)
+                              : forward_values<Cell, DeviceMath, false>(gx, gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) store_state(p.cells + t * p.cell_step + b * CB * HW + own + u, HW, c[j]);
@@ -676,7 +671,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   CellState<Cell, float> dc[NP];  // dL/dc (the state blocks CB HW apart)
   float carry[NP];
   // The next step's inputs: c_t, c_{t-1}, the saved activations, h_{t-1}, dL/dh_t from the output, the zoneout
-  // factors (wide kernels: in their storage type until used, raw(); elsewhere it cost registers, and spills at H 512).
+  // factors (wide kernels: in their storage type until used, widen(); elsewhere it cost registers, and spills at H 512).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
   CellState<Cell, load_t> cc[NP], cp[NP];
   load_t sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
@@ -759,11 +754,12 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
           for (int rr = 0; rr < C; ++rr) dh += slots[cur][rr][n][u];  // fixed order: deterministic
         }
         const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
-        const auto saved = raw<float>(sv[j]);
+        float saved[A];
+        widen(sv[j], saved);
         const CellState<Cell, float> c_t = widen<float>(cc[j]), c_before = widen<float>(cp[j]);
         const float h_prev = float(hp[j]), d_out = float(go[j]);
-        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, d_out, dc[j], saved.v, c_t, c_before, h_prev, dg, z)
-                              : backward_values<Cell, DeviceMath, false>(dh, d_out, dc[j], saved.v, c_t, c_before, h_prev, dg);
+        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg, z)
+                              : backward_values<Cell, DeviceMath, false>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg);
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * HW + own + u, HW, dg);
       }
 #pragma unroll
