@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for the next_*.patch files of this folder: builds the tree as it is and with each patch (alone, then
 # all four) in copies under /tmp, then times every build with kernel_profile.py, twice, the second pass in reverse
-# order. Run from the repository root on the GPU machine, after the wheels of ../shared/device/README.md are
-# installed into $SITE (default /tmp/site):
+# order. Run from the repository root on a GPU machine; $SITE (default /tmp/site) is put on PYTHONPATH for packages
+# the machine's Python lacks (e.g. `pip install --target /tmp/site hydra-core typeguard` where it has no hydra):
 #   bash benchmarks/2026-12-06_h100_wide/try_patches.sh "$OUT" [SPECS]
 # Writes $OUT/profile.jsonl (a {"variant": ...} line before each build's rows) and $OUT/builds.log; TESTS (below) adds tests.
 set -u
