@@ -54,7 +54,7 @@ namespace lltm {
 
 template <typename acc_t, typename M>
 LLTM_HOST_DEVICE acc_t sigmoid(acc_t x) {
-  return acc_t(1) / (acc_t(1) + M::exp(-x));
+  return M::reciprocal(acc_t(1) + M::exp(-x));
 }
 
 // log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), exact in both tails (no log of a rounded 1 or 0).

@@ -33,6 +33,8 @@ struct LibmMath {
   static T tanh(T x) { return std::tanh(x); }
   template <typename T>
   static T log1p(T x) { return std::log1p(x); }
+  template <typename T>
+  static T reciprocal(T x) { return T(1) / x; }
 };
 
 // float32: branch-free approximations that the compiler vectorises (libm calls would keep the loop
@@ -59,6 +61,7 @@ struct FastFloatMath {
   }
   static float expm1(float x) { return exp(x) - 1.0f; }
   static float tanh(float x) { return 1.0f - 2.0f / (exp(2.0f * x) + 1.0f); }
+  static float reciprocal(float x) { return 1.0f / x; }
   // log of a positive normal x: x = 2^e u with u in [sqrt(1/2), sqrt(2)), log u = 2 atanh(s), s = (u - 1) / (u + 1),
   // |s| <= 0.172, by its series to s^9 (truncation < 2e-9).
   static float log(float x) {

@@ -28,6 +28,23 @@ struct DeviceMath {
   static __device__ __forceinline__ double log(double x) { return ::log(x); }
   static __device__ __forceinline__ float log1p(float x) { return log1pf(x); }
   static __device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
+  static __device__ __forceinline__ float reciprocal(float x) { return 1.0f / x; }
+  static __device__ __forceinline__ double reciprocal(double x) { return 1.0 / x; }
+};
+
+// The wide persistent kernels' math (16-bit storage, float arithmetic): the special function unit's exp2, log2
+// and reciprocal (MUFU.EX2, LG2, RCP; a few float ulps, an absolute error near 1e-7 where a value is near 0),
+// tanh from exp as the CPU's FastFloatMath takes it. Each stays far below the half ulp of the 16-bit values the
+// kernels store (2^-9 bfloat16, 2^-12 float16, relative). Limits: exp gives inf above 88.7 and 0 below -87.3;
+// reciprocal gives 0 for x beyond 2^126 (sigmoid's 1 + exp(-x) there: the sigmoid is 0 to float precision
+// anyway); NaN stays NaN.
+struct FastDeviceMath {
+  static __device__ __forceinline__ float exp(float x) { return __expf(x); }
+  static __device__ __forceinline__ float expm1(float x) { return __expf(x) - 1.0f; }
+  static __device__ __forceinline__ float tanh(float x) { return 1.0f - __fdividef(2.0f, __expf(2.0f * x) + 1.0f); }
+  static __device__ __forceinline__ float log(float x) { return __logf(x); }
+  static __device__ __forceinline__ float log1p(float x) { return __logf(1.0f + x); }
+  static __device__ __forceinline__ float reciprocal(float x) { return __fdividef(1.0f, x); }
 };
 
 // True when a persistent kernel of this cell takes this dtype, hidden size, batch and heads (each head its own

@@ -226,10 +226,29 @@ __device__ __forceinline__ void put_flagged(uint64_t* to, uint32_t bits, unsigne
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(to), "l"(word) : "memory");
 }
 
-// Waits for words first + i * stride (i < R) of `from`, counted in pairs of words, to carry `step`, and passes each
-// pair's values to use(pair, low, high). Every round reloads all that are not there yet, at once.
-template <int R, typename F>
+// The backward's partial sums travel two to a word: each rounded to its 24 high bits (float32 with 15 mantissa bits,
+// a relative error of at most 2^-16, far below the 16-bit dL/dgates they are products of), with the step's 16 low
+// bits as the flag, which tells a step from the one two steps before (the word's last) and from a zeroed word (step
+// 65536 finds the word of step 65534). Half the bytes of one value to a word: the LSTM's backward at H 768 spent
+// about 1,600 cycles a step storing its 48 KB of words (clock64 probes, benchmarks/2026-12-06_h100_wide/).
+__device__ __forceinline__ uint64_t to_float24(float v) {
+  const uint32_t x = __float_as_uint(v);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc000u;  // NaN stays NaN (rounding could make it inf)
+  return (x + 0x7fu + ((x >> 8) & 1u)) >> 8;                // to nearest, ties to even; past the largest: inf
+}
+__device__ __forceinline__ float from_float24(uint64_t bits) { return __uint_as_float(static_cast<uint32_t>(bits & 0xffffffu) << 8); }
+__device__ __forceinline__ void put_flagged_pair(uint64_t* to, float first, float second, unsigned step) {
+  const uint64_t word = (static_cast<uint64_t>(step & 0xffffu) << 48) | (to_float24(first) << 24) | to_float24(second);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(to), "l"(word) : "memory");
+}
+
+// Waits for words first + i * stride (i < R) of `from`, counted in pairs of words, to carry `step` in their top
+// kFlagBits bits (32: put_flagged, 16: put_flagged_pair), and passes each pair of words to use(pair, low, high).
+// Every round reloads all that are not there yet, at once.
+template <int R, int kFlagBits = 32, typename F>
 __device__ __forceinline__ void receive_flagged(const uint64_t* from, int first, int stride, unsigned step, F&& use) {
+  unsigned flag = step;
+  if constexpr (kFlagBits < 32) flag &= (1u << kFlagBits) - 1;
   uint64_t lo[R], hi[R];
   bool ready[R];
 #pragma unroll
@@ -239,7 +258,7 @@ __device__ __forceinline__ void receive_flagged(const uint64_t* from, int first,
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (!ready[i]) {
-        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
                      : "=l"(lo[i]), "=l"(hi[i])
                      : "l"(from + 2 * static_cast<int64_t>(first + i * stride))
                      : "memory");
@@ -248,12 +267,13 @@ __device__ __forceinline__ void receive_flagged(const uint64_t* from, int first,
     all = true;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      ready[i] = static_cast<unsigned>(lo[i] >> 32) == step && static_cast<unsigned>(hi[i] >> 32) == step;
+      ready[i] = static_cast<unsigned>(lo[i] >> (64 - kFlagBits)) == flag &&
+                 static_cast<unsigned>(hi[i] >> (64 - kFlagBits)) == flag;
       all = all && ready[i];
     }
   } while (!all);
 #pragma unroll
-  for (int i = 0; i < R; ++i) use(first + i * stride, static_cast<uint32_t>(lo[i]), static_cast<uint32_t>(hi[i]));
+  for (int i = 0; i < R; ++i) use(first + i * stride, lo[i], hi[i]);
 }
 
 // Tensor-core operands of one element type. A: a 16 x KS tile of the weights, B: a KS x 8 tile of the
@@ -327,8 +347,8 @@ constexpr int cluster_size(int H) { return H <= 128 ? 4 : H <= 256 ? 8 : 16; }
 
 // Wider recurrences (16-bit, H = 768 and 1024) need more blocks than a cluster has: at 16 units a block, the
 // weights of a block fit in registers as at H = 512, and the H / 16 blocks of a row group, in no cluster, exchange
-// h (forward) and the partial dL/dh (backward) through global memory (L2), each 4-byte value sent with its step
-// in one 8-byte word (put_flagged, receive_flagged). The grid must be resident at once: a cooperative launch, one
+// h (forward) and the partial dL/dh (backward) through global memory (L2) in flagged 8-byte words: two 16-bit h
+// values with the step (put_flagged), two float24 partial sums with its 16 low bits (put_flagged_pair). The grid must be resident at once: a cooperative launch, one
 // wave only.
 constexpr bool is_wide(int H) { return H > 512; }
 constexpr int blocks_per_group(int H) { return is_wide(H) ? H / 16 : cluster_size(H); }
@@ -424,7 +444,7 @@ struct BackwardParams {
   int T;
   int64_t B;
   int64_t width;  // as the forward's
-  uint64_t* exchange;  // wide kernels: partial dL/dh, [2][heads][groups][owner][sender][kRows][16] flagged; else null
+  uint64_t* exchange;  // wide kernels: partial dL/dh, [2][heads][groups][owner][sender][kRows / 2][16] words; else null
 };
 
 template <typename Cell, typename scalar_t, int H>
@@ -478,6 +498,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   // The next step's inputs: x, the zoneout factors zh, zc (wide kernels: in their storage type until used, widen()).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
   load_t x[NP][NG], zh[NP], zc[NP];
+  using Math = std::conditional_t<kWide, FastDeviceMath, DeviceMath>;
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
 #pragma unroll
@@ -544,6 +565,19 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
       r[(2 * tig + 1) * RS + u0 + 8] = acc[q][3];
     }
     __syncthreads();
+    // Wide kernels: every thread sums one gate of one (unit, row) pair over the K split, in place into split 0,
+    // so that the pointwise threads (a quarter of the block) read NG sums instead of NG x S partial sums.
+    constexpr bool kSpreadSums = kWide && NG * Cfg::PAIRS <= NT;
+    if constexpr (kSpreadSums) {
+      if (tid < NG * Cfg::PAIRS) {
+        const int q = tid / Cfg::PAIRS, pair = tid % Cfg::PAIRS, u = pair % U, n = pair / U;
+        float sum = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < S; ++s2) sum += red[cur][s2][q][n][u];  // the order of the sums below: same bits
+        red[cur][0][q][n][u] = sum;
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
       const int pair = tid + j * NT, u = pair % U, n = pair / U;
@@ -556,8 +590,12 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
 #pragma unroll
         for (int q = 0; q < NG; ++q) {
           float sum = 0.f;
+          if constexpr (kSpreadSums) {
+            sum = red[cur][0][q][n][u];
+          } else {
 #pragma unroll
-          for (int s2 = 0; s2 < S; ++s2) sum += red[cur][s2][q][n][u];
+            for (int s2 = 0; s2 < S; ++s2) sum += red[cur][s2][q][n][u];
+          }
           gh[q] = sum;
         }
         if (Cell::kSplit) gh[NG - 1] += bhn[j];
@@ -565,8 +603,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
         float gx[NG];
         widen(x[j], gx);
-        const float out = run ? forward_values<Cell, DeviceMath, true>(gx, gh, c[j], h[j], s, z)
-                              : forward_values<Cell, DeviceMath, false>(gx, gh, c[j], h[j], s);
+        const float out = run ? forward_values<Cell, Math, true>(gx, gh, c[j], h[j], s, z)
+                              : forward_values<Cell, Math, false>(gx, gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) store_state(p.cells + t * p.cell_step + b * CB * HW + own + u, HW, c[j]);
@@ -591,9 +629,10 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
       if (t + 1 < T) {  // no one reads the last h_t back
         load_x(t + 1);
         static_assert(kWords % (2 * NT) == 0, "pairs of words per thread");
-        receive_flagged<kWords / (2 * NT)>(exchanged(t + 1), tid, NT, t + 1, [&](int pair, uint32_t a, uint32_t b) {
+        receive_flagged<kWords / (2 * NT)>(exchanged(t + 1), tid, NT, t + 1, [&](int pair, uint64_t a, uint64_t b) {
           const int n = 2 * pair / (H / kPack), k = 2 * pair % (H / kPack);  // H / kPack is even
-          *reinterpret_cast<uint2*>(reinterpret_cast<uint32_t*>(&hbuf[cur ^ 1][n][0]) + k) = make_uint2(a, b);
+          *reinterpret_cast<uint2*>(reinterpret_cast<uint32_t*>(&hbuf[cur ^ 1][n][0]) + k) =
+              make_uint2(static_cast<uint32_t>(a), static_cast<uint32_t>(b));
         });
         __syncthreads();
       }
@@ -646,10 +685,10 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   const int me = kWide ? static_cast<int>(blockIdx.x % C) : rank;
   const int64_t own = head + me * U;
   // Wide kernels: the partial sums of parity s % 2 that block `sender` sends to block `owner` (C x C tiles of
-  // kRows x 16 a row group).
+  // kRows / 2 x 16 words a row group: word (r, u) holds rows 2r and 2r + 1 of unit u, put_flagged_pair).
   const int64_t slot = static_cast<int64_t>(blockIdx.y) * (gridDim.x / C) + group;
   auto exchanged = [&](int s, int owner, int sender) {
-    return p.exchange + ((((s & 1) * int64_t{gridDim.y} * (gridDim.x / C) + slot) * C + owner) * C + sender) * (kRows * 16);
+    return p.exchange + ((((s & 1) * int64_t{gridDim.y} * (gridDim.x / C) + slot) * C + owner) * C + sender) * (kRows * 8);
   };
 
   // A = W_own^T: A[m][k] = W_hh[gate row of own row k][unit m]; own rows are the gates x U units. The warp's
@@ -673,6 +712,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   // The next step's inputs: c_t, c_{t-1}, the saved activations, h_{t-1}, dL/dh_t from the output, the zoneout
   // factors (wide kernels: in their storage type until used, widen(); elsewhere it cost registers, and spills at H 512).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
+  using Math = std::conditional_t<kWide, FastDeviceMath, DeviceMath>;
   CellState<Cell, load_t> cc[NP], cp[NP];
   load_t sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
@@ -698,10 +738,14 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   const int owner = warp * 16 / U;
   // Wide kernels: this block's partial sums of step s (its units, from every block), staged in shared memory.
   auto stage = [&](int s) {
-    constexpr int kPairs = kWide ? C * kRows * 8 : NT;  // pairs of words a block receives
+    constexpr int kPairs = kWide ? C * kRows * 4 : NT;  // pairs of words a block receives
     static_assert(kPairs % NT == 0, "pairs of words per thread");
-    receive_flagged<kPairs / NT>(exchanged(s, me, 0), tid, NT, s, [&](int pair, uint32_t a, uint32_t b) {
-      *reinterpret_cast<float2*>(&staged[0][0] + 2 * pair) = make_float2(__uint_as_float(a), __uint_as_float(b));
+    receive_flagged<kPairs / NT, 16>(exchanged(s, me, 0), tid, NT, s, [&](int pair, uint64_t a, uint64_t b) {
+      // words 2q and 2q + 1 of a sender's tile: rows 2r and 2r + 1 (r = q / 8) of units 2 (q % 8) and that + 1
+      const int sender = pair / (kRows * 4), q = pair % (kRows * 4), r = q / 8, u = 2 * (q % 8);
+      float* to = &staged[sender][2 * r * 16 + u];
+      *reinterpret_cast<float2*>(to) = make_float2(from_float24(a >> 24), from_float24(b >> 24));
+      *reinterpret_cast<float2*>(to + 16) = make_float2(from_float24(a), from_float24(b));
     });
     __syncthreads();
   };
@@ -758,8 +802,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         widen(sv[j], saved);
         const CellState<Cell, float> c_t = widen<float>(cc[j]), c_before = widen<float>(cp[j]);
         const float h_prev = float(hp[j]), d_out = float(go[j]);
-        carry[j] = t < len[j] ? backward_values<Cell, DeviceMath, true>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg, z)
-                              : backward_values<Cell, DeviceMath, false>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg);
+        carry[j] = t < len[j] ? backward_values<Cell, Math, true>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg, z)
+                              : backward_values<Cell, Math, false>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg);
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * HW + own + u, HW, dg);
       }
 #pragma unroll
@@ -774,12 +818,10 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kk = 0; kk < NKB; ++kk) Op::mma(acc, wf[i][kk], bf[kk]);
-      if constexpr (kWide) {  // tile warp * MT + i: the 16 units of block warp * MT + i (U = 16), [row][unit]
+      if constexpr (kWide) {  // tile warp * MT + i: the 16 units of block warp * MT + i (U = 16), [row pair][unit]
         uint64_t* d = exchanged(it + 1, warp * MT + i, me);
-        put_flagged(d + (2 * tig) * 16 + gid, __float_as_uint(acc[0]), it + 1);
-        put_flagged(d + (2 * tig + 1) * 16 + gid, __float_as_uint(acc[1]), it + 1);
-        put_flagged(d + (2 * tig) * 16 + gid + 8, __float_as_uint(acc[2]), it + 1);
-        put_flagged(d + (2 * tig + 1) * 16 + gid + 8, __float_as_uint(acc[3]), it + 1);
+        put_flagged_pair(d + tig * 16 + gid, acc[0], acc[1], it + 1);  // rows 2 tig, 2 tig + 1
+        put_flagged_pair(d + tig * 16 + gid + 8, acc[2], acc[3], it + 1);
       } else {  // rows m (units of the whole layer) go to the block that owns them, into its slot for this block
         const float* d = &slots[cur ^ 1][rank][2 * tig][(warp * 16) % U + gid];
         exchange.put(d, __float_as_uint(acc[0]), owner, it + 1);
@@ -1045,9 +1087,9 @@ void persistent_backward(const BackwardTensors& g) {
       using Cfg = BackwardConfig<Cell, scalar_t, kH>;
       BackwardParams<scalar_t> with = params;
       at::Tensor exchange;
-      if constexpr (Cfg::kWide) {  // partial dL/dh: C x C tiles of kRows x 16 a row group, two parities, zeroed
+      if constexpr (Cfg::kWide) {  // partial dL/dh: C x C tiles of kRows / 2 x 16 words a row group, two parities, zeroed
         const int64_t slots = (B + kRows - 1) / kRows * NH;
-        exchange = at::zeros({2 * slots * Cfg::C * Cfg::C * kRows * 16}, g.activations.options().dtype(at::kLong));
+        exchange = at::zeros({2 * slots * Cfg::C * Cfg::C * kRows * 8}, g.activations.options().dtype(at::kLong));
         with.exchange = reinterpret_cast<uint64_t*>(exchange.data_ptr());
       }
       launch(backward_kernel<Cell, scalar_t, kH>, Cfg::NT, Cfg::C, Cfg::kWide, 0, B, NH, with);
