@@ -178,7 +178,7 @@ def test_the_check_before_timing_falls_back_to_float64_and_stops_a_wrong_backend
     in 16-bit dtypes, the error against float64 decides: within 4x python's passes, beyond stops the bench."""
     figures = {}
 
-    def fake(*args, against_float64=None, num_heads=1):
+    def fake(*args, against_float64=None, **layout):
         return figures["float64" if against_float64 or dtype != torch.float32 else "float32"]
 
     monkeypatch.setattr(common, "check_against_python", fake)
@@ -252,6 +252,48 @@ def test_flashrnn_in_the_best_dtype_table(capsys, monkeypatch):
     (["--num-heads", "2", "--training"], "--num-heads goes with the layer figures"),
 ])
 def test_bad_num_heads_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_stacks_time_the_modules_against_torch_nn_with_the_same_layers(tmp_path, capsys, monkeypatch):
+    """--num-layers and --bidirectional: ours as lltm_train.nn's module (checked against its python backend
+    first), PyTorch's layer with the same stack, and no FlashRNN (one layer only)."""
+    _fake_flashrnn(monkeypatch, False)
+    out = tmp_path / "stacks.json"
+    main(["--device", "cpu", "--configs", "tiny", "--cells", "lstm,gru", "--num-layers", "2", "--bidirectional",
+          "--repeats", "1", "--json", str(out)])
+    rows = {r["cell"]: r for r in json.loads(out.read_text())["results"]}
+    for cell, rival in (("lstm", "nn.LSTM"), ("gru", "nn.GRU")):
+        row = rows[cell]
+        assert (row["num_layers"], row["bidirectional"]) == (2, True)
+        assert set(row["tokens_per_s"]) == {rival, "python", "cpp"} and row["check_rel_err"] < 1e-5
+    assert "tiny lstm (T=8, B=4, I=6, H=12, 2 layers, bidirectional)" in capsys.readouterr().out
+
+
+def test_the_check_of_a_stack_runs_the_module_and_finds_a_wrong_layer(monkeypatch):
+    import lltm_train.nn.rnn as rnn
+
+    args = (6, 3, 5, 8, "cpu", torch.float32, "cpp", CELLS["lstm"])
+    assert common.check_against_python(*args, num_layers=2, bidirectional=True) < 1e-5
+    real = rnn.rnn_layer
+
+    def off_in_the_second_layer(cell, x, *rest, backend, **kw):  # the second layer's input is 2 x 8 wide
+        out, state = real(cell, x, *rest, backend=backend, **kw)
+        return (out + 1e-2 if backend == "cpp" and x.shape[-1] == 16 else out), state
+
+    monkeypatch.setattr(rnn, "rnn_layer", off_in_the_second_layer)
+    assert common.check_against_python(*args, num_layers=2, bidirectional=True) > 1e-3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-layers", "0"], "--num-layers must be at least 1"),
+    (["--num-layers", "2", "--training"], "--num-layers and --bidirectional go with the layer figures"),
+    (["--bidirectional", "--inference", "--configs", "cpu-S"], "--num-layers and --bidirectional go with the layer"),
+    (["--bidirectional", "--configs", "seed-cell"], "the seed cell is one step of one layer"),
+])
+def test_bad_stacks_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--device", "cpu", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err

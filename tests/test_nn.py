@@ -392,3 +392,34 @@ def test_jit_script_is_refused_in_one_line_naming_trace_and_export(cell):
         message = str(error.value)
         assert "\n" not in message and type(m).__name__ in message
         assert "torch.jit.trace" in message and "torch.export" in message
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_the_directions_on_two_streams_give_what_one_stream_gives(cell, packed, monkeypatch):
+    """On a GPU a layer's backward direction runs on a side stream (lltm_train/nn/rnn.py, _overlapped); float64
+    outputs, final states and gradients equal those of the same module on one stream, bit for bit."""
+    import lltm_train.nn.rnn as rnn
+
+    m = MODULES[cell.name](5, 7, num_layers=2, bidirectional=True, dtype=torch.float64, device="cuda", backend="cuda")
+    x = torch.randn(9, 4, 5, dtype=torch.float64, device="cuda")
+    lengths = torch.tensor([9, 3, 6, 1])
+    sides = []
+
+    def run():
+        m.zero_grad()
+        inp = x.clone().requires_grad_()
+        out, state = m(pack_padded_sequence(inp, lengths, enforce_sorted=False) if packed else inp)
+        out = out.data if packed else out
+        (out.square().sum() + sum(s.sum() for s in as_tuple(state))).backward()
+        return [out, *as_tuple(state), inp.grad, *(p.grad for p in m.parameters())]
+
+    real = rnn._side_stream
+    monkeypatch.setattr(rnn, "_side_stream", lambda t: sides.append(real(t)) or sides[-1])
+    two = run()
+    assert sides and all(isinstance(s, torch.cuda.Stream) for s in sides)
+    monkeypatch.setattr(rnn, "_side_stream", lambda t: None)
+    one = run()
+    for a, b in zip(two, one):
+        assert torch.equal(a, b)

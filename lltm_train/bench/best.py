@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..ops.cells import CELLS, CellSpec
-from .common import CONFIGS, baseline_label, checked_against_python, compiled_backend, contenders, measure, peak_memory_mib
+from .common import (CONFIGS, baseline_label, checked_against_python, compiled_backend, contenders, layout_text, measure,
+                     peak_memory_mib)
 from .peers import try_contender
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -29,10 +30,11 @@ def _best(figures: dict[str, float]) -> tuple[float, str]:
 
 
 def run_best(configs: list[str], device: torch.device, repeats: int, cells: list[CellSpec],
-             num_heads: int = 1) -> list[dict]:
+             num_heads: int = 1, num_layers: int = 1, bidirectional: bool = False) -> list[dict]:
     """One row per config and cell: tokens/s and peak MiB of PyTorch's layer and ours (and FlashRNN's) in each
     dtype, the best of each and their ratio; then, per config, each cell with several baselines against the best
-    of them. ``num_heads``: as :func:`lltm_train.bench.layers.run_layers`'s."""
+    of them. ``num_heads``, ``num_layers``, ``bidirectional``: as :func:`lltm_train.bench.layers.run_layers`'s."""
+    stack = dict(num_layers=num_layers, bidirectional=bidirectional)
     backend = compiled_backend(device)
     rows = []
     for name in configs:
@@ -40,13 +42,13 @@ def run_best(configs: list[str], device: torch.device, repeats: int, cells: list
         for cell in cells:
             baseline = baseline_label(cell)
             row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
-                   "num_heads": num_heads, "baseline": baseline, "backend": backend,
+                   "num_heads": num_heads, **stack, "baseline": baseline, "backend": backend,
                    "tokens_per_s": {baseline: {}, backend: {}}, "peak_mib": {baseline: {}, backend: {}}, "check": {}}
             for dtype_name in DTYPES:
                 dtype = getattr(torch, dtype_name)
                 row["check"][dtype_name] = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend,
-                                                                  cell, num_heads)
-                for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell, num_heads, peers=True):
+                                                                  cell, num_heads, **stack)
+                for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell, num_heads, peers=True, **stack):
                     if label == "python":
                         continue
                     if label.startswith("FlashRNN"):
@@ -68,7 +70,7 @@ def run_best(configs: list[str], device: torch.device, repeats: int, cells: list
                 row["ratio_vs_peer"] = ours / row["best"][row["peer"]][0]
                 peer_text = f", {backend}/{row['peer']} {row['ratio_vs_peer']:.2f}x"
             rows.append(row)
-            heads = f", {num_heads} heads" if num_heads != 1 else ""
+            heads = layout_text(row)
             failed = "".join(f"; {label} failed ({reason})" for label, reason in row.get("failed", {}).items())
             print(f"{name:>7} {cell.name:>4} (T={T}, B={B}, I={I}, H={H}{heads}): " + "; ".join(
                 f"{label} " + ", ".join(f"{d} {v / 1e6:.2f}" for d, v in row["tokens_per_s"][label].items())
@@ -89,7 +91,7 @@ def format_table(rows: list[dict]) -> str:
         (ours, od), (theirs, td) = r["best"][r["backend"]], r["best"][r["baseline"]]
         mem = r["peak_mib"][r["backend"]].get(od), r["peak_mib"][r["baseline"]].get(td)
         mem_text = f"{mem[0]:.0f} / {mem[1]:.0f}" if None not in mem else "-"
-        lines.append(f"| {r['config']} | {r['cell']} | {theirs / 1e6:.2f} ({r['baseline']}, {td}) | {ours / 1e6:.2f} ({od}) "
+        lines.append(f"| {r['config']}{layout_text(r)} | {r['cell']} | {theirs / 1e6:.2f} ({r['baseline']}, {td}) | {ours / 1e6:.2f} ({od}) "
                      f"| {r['ratio_best']:.2f}x | {mem_text} |")
     for r in rows:
         if "peer" in r:

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to time (default: all)")
     parser.add_argument("--num-heads", type=int, default=1, help="heads of the layers' recurrence (ours and FlashRNN's; "
                         "PyTorch's layer runs the dense width): it must divide every config's hidden size")
+    parser.add_argument("--num-layers", type=int, default=1, help="stacked layers (ours: lltm_train.nn's module; PyTorch's "
+                        "layer the same; no FlashRNN), with the layer figures")
+    parser.add_argument("--bidirectional", action="store_true", help="both directions in every layer (as --num-layers)")
     parser.add_argument("--repeats", type=int, help="timings per figure, the median reported (default 5); with "
                         "--training, alternated lltm-train runs per figure (default 1)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
@@ -110,6 +113,13 @@ def main(argv: list[str] | None = None) -> None:
         if uneven:
             parser.error(f"--num-heads {args.num_heads} does not divide the hidden size of {uneven[0]} "
                          f"({CONFIGS[uneven[0]][3]})")
+    if args.num_layers != 1 or args.bidirectional:
+        if args.num_layers < 1:
+            parser.error("--num-layers must be at least 1")
+        if args.jit or args.training or args.sweep or args.inference:
+            parser.error("--num-layers and --bidirectional go with the layer figures (default, --dtype best)")
+        if "seed-cell" in configs:
+            parser.error("--num-layers and --bidirectional time whole layers: the seed cell is one step of one layer")
     if args.dtype == "best" and (args.jit or args.training):
         parser.error("--dtype best times layers: it does not go with --jit or --training")
     if args.dtype == "best" and "seed-cell" in configs:
@@ -165,10 +175,11 @@ def main(argv: list[str] | None = None) -> None:
         results = run_inference(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells],
                                 args.num_heads)
     elif args.dtype == "best":
-        results = run_best(configs, device, args.repeats, [CELLS[c] for c in cells], args.num_heads)
+        results = run_best(configs, device, args.repeats, [CELLS[c] for c in cells], args.num_heads, args.num_layers,
+                           args.bidirectional)
     else:
         results = run_layers(configs, device, getattr(torch, args.dtype), args.repeats, [CELLS[c] for c in cells],
-                             args.num_heads)
+                             args.num_heads, args.num_layers, args.bidirectional)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "command": " ".join(["lltm-bench", *sys.argv[1:]]), "results": results}, f, indent=1)

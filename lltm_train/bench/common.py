@@ -87,20 +87,37 @@ def weights(cell: CellSpec, I: int, H: int, num_heads: int = 1, **kw) -> list[to
             *(torch.randn(G * H, **kw) * 0.1 for _ in cell.biases)]
 
 
+def stack(cell: CellSpec, I: int, H: int, num_heads: int, num_layers: int, bidirectional: bool, **kw) -> torch.nn.Module:
+    """Our stacked layers (:func:`lltm_train.nn.recurrent_layers`, torch.nn's initialisation) for ``--num-layers``
+    and ``--bidirectional``."""
+    from ..nn import recurrent_layers  # noqa: PLC0415 - the modules import the bench's neighbours
+
+    return recurrent_layers(cell, I, H, num_layers=num_layers, bidirectional=bidirectional, num_heads=num_heads).to(**kw)
+
+
 def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend: str, cell: CellSpec = LLTM,
-               num_heads: int = 1, peers: bool = False):
+               num_heads: int = 1, peers: bool = False, num_layers: int = 1, bidirectional: bool = False):
     """(label, fn) pairs: PyTorch's baseline (a layer, or its one-step cell for the config ``seed-cell``), the
     python backend and ``backend``, then with ``peers`` FlashRNN's layer of the cell where it is installed and has
     the cell (:mod:`.peers`); each fn runs forward + backward once on fresh random inputs made here. With
-    ``num_heads`` ours and FlashRNN's run that many heads; PyTorch's layer, which has none, the dense width."""
+    ``num_heads`` ours and FlashRNN's run that many heads; PyTorch's layer, which has none, the dense width. With
+    ``num_layers`` > 1 or ``bidirectional``, ours are :mod:`lltm_train.nn`'s module and PyTorch's its layer with
+    the same stack (no FlashRNN, which runs one layer)."""
     kw = dict(device=device, dtype=dtype)
     x = torch.randn(T, B, I, **kw, requires_grad=True)
     params = [w.requires_grad_() for w in weights(cell, I, H, num_heads, **kw)]
-    grad = torch.randn(T, B, H, **kw)
+    stacked = num_layers > 1 or bidirectional
+    grad = torch.randn(T, B, H * (2 if bidirectional else 1), **kw)
     step = name == "seed-cell"
+    module = stack(cell, I, H, num_heads, num_layers, bidirectional, **kw) if stacked else None
 
     def ours(be: str):
-        if step:
+        if stacked:
+            def run():
+                module.backend = be
+                out, _ = module(x)
+                out.backward(grad)
+        elif step:
             def run():
                 state = rnn_cell(cell, x[0], None, *params, backend=be, num_heads=num_heads)
                 torch.autograd.backward(state, (grad[0],) * len(state))
@@ -111,7 +128,8 @@ def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend
         return run
 
     rival = baseline(cell)
-    theirs = (rival.torch_cell(I, H) if step else rival.torch_layer(I, H)).to(**kw)
+    theirs = (rival.torch_cell(I, H) if step else rival.torch_layer(I, H, num_layers=num_layers,
+                                                                      bidirectional=bidirectional)).to(**kw)
 
     def run_theirs():
         if step:
@@ -123,23 +141,43 @@ def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend
             out.backward(grad)
 
     found = [(rival.torch_label, run_theirs), ("python", ours("python")), (backend, ours(backend))]
-    peer = flashrnn_contender(cell, T, B, H, num_heads, device, dtype) if peers and not step else None
+    peer = flashrnn_contender(cell, T, B, H, num_heads, device, dtype) if peers and not (step or stacked) else None
     return found + ([peer] if peer else [])
 
 
+def layout_text(row: dict) -> str:
+    """", 4 heads, 3 layers, bidirectional" for a row's layout other than one head, one layer, one direction."""
+    parts = [f"{row.get('num_heads', 1)} heads" if row.get("num_heads", 1) != 1 else "",
+             f"{row.get('num_layers', 1)} layers" if row.get("num_layers", 1) != 1 else "",
+             "bidirectional" if row.get("bidirectional") else ""]
+    return "".join(f", {p}" for p in parts if p)
+
+
 def check_against_python(T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM,
-                         against_float64: bool | None = None, num_heads: int = 1) -> float:
+                         against_float64: bool | None = None, num_heads: int = 1, num_layers: int = 1,
+                         bidirectional: bool = False) -> float:
     """How far the backend's outputs and gradients are from the python backend's: the largest relative
     difference (norm), in float32 by default. In 16-bit dtypes both backends round differently, so each is
     measured against a float64 run and the backend's error is returned relative to python's (<= 1 when it is
-    no worse); ``against_float64=True`` measures float32 that way too."""
+    no worse); ``against_float64=True`` measures float32 that way too. A stack (``num_layers``,
+    ``bidirectional``) is checked as :func:`stack`'s module."""
     torch.manual_seed(0)
     kw = dict(device=device, dtype=dtype)
-    leaves = [torch.randn(T, B, I, **kw), *weights(cell, I, H, num_heads, **kw)]
+    stacked = num_layers > 1 or bidirectional
+    x = torch.randn(T, B, I, **kw)
+    module = stack(cell, I, H, num_heads, num_layers, bidirectional, **kw) if stacked else None
+    params = [p.detach().clone() for p in module.parameters()] if stacked else weights(cell, I, H, num_heads, **kw)
+    leaves = [x, *params]
 
     def results(be, leaf_dtype):
-        ls = [t.to(leaf_dtype).requires_grad_() for t in leaves]
-        out, state = rnn_layer(cell, ls[0], None, *ls[1:], backend=be, num_heads=num_heads)
+        ls = [t.detach().to(leaf_dtype).requires_grad_() for t in leaves]
+        if stacked:
+            layers = module.to(leaf_dtype)
+            layers.backend = be
+            out, state = torch.func.functional_call(layers, dict(zip(dict(layers.named_parameters()), ls[1:])), (ls[0],))
+            state = state if isinstance(state, tuple) else (state,)
+        else:
+            out, state = rnn_layer(cell, ls[0], None, *ls[1:], backend=be, num_heads=num_heads)
         loss = out.float().square().mean() + state[-1].float().mean()
         return [t.detach().double() for t in (out, *state, *torch.autograd.grad(loss, ls))]
 
@@ -161,14 +199,15 @@ FLOAT32_DIFFERENCE, ERROR_MULTIPLE = 1e-3, 4.0
 
 
 def checked_against_python(where: str, T, B, I, H, device, dtype, backend: str, cell: CellSpec = LLTM,
-                           num_heads: int = 1) -> float:
+                           num_heads: int = 1, num_layers: int = 1, bidirectional: bool = False) -> float:
     """:func:`check_against_python` under the bounds above; SystemExit naming ``where`` when the backend differs.
     Returns the figure checked (float32's relative difference when it is within bounds, else the multiple)."""
-    err = check_against_python(T, B, I, H, device, dtype, backend, cell, num_heads=num_heads)
+    layout = dict(num_heads=num_heads, num_layers=num_layers, bidirectional=bidirectional)
+    err = check_against_python(T, B, I, H, device, dtype, backend, cell, **layout)
     if dtype == torch.float32 and err < FLOAT32_DIFFERENCE:
         return err
     multiple = err if dtype != torch.float32 else check_against_python(T, B, I, H, device, dtype, backend, cell,
-                                                                       against_float64=True, num_heads=num_heads)
+                                                                       against_float64=True, **layout)
     if not multiple <= ERROR_MULTIPLE:
         first = f"relative difference {err:.2e}, then " if dtype == torch.float32 else ""
         raise SystemExit(f"lltm-bench: {backend} differs from python on {where} ({cell.name}, {str(dtype)[6:]}): "

@@ -8,26 +8,29 @@ from __future__ import annotations
 import torch
 
 from ..ops.cells import CellSpec
-from .common import CONFIGS, baseline_label, checked_against_python, compiled_backend, contenders, measure, peak_memory_mib
+from .common import (CONFIGS, baseline_label, checked_against_python, compiled_backend, contenders, layout_text, measure,
+                     peak_memory_mib)
 from .peers import try_contender
 
 
 def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, repeats: int,
-               cells: list[CellSpec], num_heads: int = 1) -> list[dict]:
+               cells: list[CellSpec], num_heads: int = 1, num_layers: int = 1, bidirectional: bool = False) -> list[dict]:
     """One row per config and cell: seconds and tokens/s of each contender, their ratios; prints a line each.
-    With ``num_heads`` ours and FlashRNN's layers run that many heads (PyTorch's the dense width)."""
+    With ``num_heads`` ours and FlashRNN's layers run that many heads (PyTorch's the dense width); with
+    ``num_layers`` and ``bidirectional`` ours and PyTorch's run that stack (:func:`.common.contenders`)."""
     backend = compiled_backend(device)
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
         for cell in cells:
-            err = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend, cell, num_heads)
+            stack = dict(num_layers=num_layers, bidirectional=bidirectional)
+            err = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend, cell, num_heads, **stack)
             calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
             baseline = baseline_label(cell)
             row = {"config": name, "cell": cell.name, "T": T, "B": B, "input_size": I, "hidden_size": H,
-                   "num_heads": num_heads, "baseline": baseline, "backend": backend, "check_rel_err": err,
+                   "num_heads": num_heads, **stack, "baseline": baseline, "backend": backend, "check_rel_err": err,
                    "seconds": {}, "tokens_per_s": {}}
-            for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell, num_heads, peers=True):
+            for label, fn in contenders(name, T, B, I, H, device, dtype, backend, cell, num_heads, peers=True, **stack):
                 if label.startswith("FlashRNN") and (reason := try_contender(fn)) is not None:
                     row.setdefault("failed", {})[label] = reason
                     continue
@@ -57,7 +60,7 @@ def format_row(row: dict) -> str:
     mem = ""
     if "peak_mib" in row:
         mem = f"; peak MiB {row['peak_mib'][backend]:.0f} vs {baseline} {row['peak_mib'][baseline]:.0f}"
-    heads = f", {row['num_heads']} heads" if row.get("num_heads", 1) != 1 else ""
+    heads = layout_text(row)
     peer = f", {backend}/{row['peer']} {row['ratio_vs_peer']:.2f}x" if "peer" in row else ""
     failed = "".join(f"; {label} failed ({reason})" for label, reason in row.get("failed", {}).items())
     return (f"{row['config']:>9} {row['cell']:>4} (T={row['T']}, B={row['B']}, I={row['input_size']}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -150,21 +151,14 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         reverse = _reverse_index(lengths, x.shape[0], x.device) if self.bidirectional else None
 
         finals: list[list[Tensor]] = [[] for _ in self.cell.states]
+        side = _side_stream(x) if self.bidirectional else None
         for layer in range(self.num_layers):
-            directions = []
-            for d, suffix in enumerate(self._suffixes(layer)):
-                k = layer * self.num_directions + d
-                x_d = x if d == 0 else _reversed(x, reverse)
-                weights = self._weights(suffix)
-                if self.weight_drop > 0 and self.training:  # DropConnect: one mask of W_hh for the whole sequence
-                    weights[1] = F.dropout(weights[1], self.weight_drop, training=True)
-                out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights,
-                                       lengths=lengths, backend=self.backend, zoneout=self._zoneout_factors(x_d),
-                                       num_heads=self.num_heads)
-                directions.append(out if d == 0 else _reversed(out, reverse))
+            runs = [partial(self._direction, layer, d, x, state0, lengths, reverse) for d in range(self.num_directions)]
+            directions = [run() for run in runs] if side is None else _overlapped(side, *runs)
+            for out, state in directions:
                 for final, s in zip(finals, state):
                     final.append(s)
-            x = torch.cat(directions, -1) if self.bidirectional else directions[0]
+            x = torch.cat([out for out, _ in directions], -1) if self.bidirectional else directions[0][0]
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
         state_n = tuple(torch.stack(f) for f in finals)
@@ -177,6 +171,18 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         if unbatched:
             return x.squeeze(1), _as_hx(self.cell, tuple(s.squeeze(1) for s in state_n))
         return (x.transpose(0, 1) if self.batch_first else x), _as_hx(self.cell, state_n)
+
+    def _direction(self, layer: int, d: int, x: Tensor, state0: tuple[Tensor, ...], lengths: Tensor | None,
+                   reverse: Tensor | None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One direction of one layer over x (T, B, .): its output (T, B, H) in x's time order and final states."""
+        k = layer * self.num_directions + d
+        x_d = x if d == 0 else _reversed(x, reverse)
+        weights = self._weights(self._suffixes(layer)[d])
+        if self.weight_drop > 0 and self.training:  # DropConnect: one mask of W_hh for the whole sequence
+            weights[1] = F.dropout(weights[1], self.weight_drop, training=True)
+        out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights, lengths=lengths,
+                               backend=self.backend, zoneout=self._zoneout_factors(x_d), num_heads=self.num_heads)
+        return (out if d == 0 else _reversed(out, reverse)), state
 
     def _zoneout_factors(self, x: Tensor) -> Tensor | None:
         """A layer's zoneout factors (T, B, S * H) for input x (T, B, .): Bernoulli draws in training mode (one per
@@ -247,6 +253,32 @@ def _check_batch_sizes(owner: str, batch_sizes: Tensor, rows: int) -> None:
             f"{owner}: the PackedSequence is malformed: batch_sizes must be positive, non-increasing and sum to the "
             f"number of rows ({rows}), got {sizes[:10]}; build it with torch.nn.utils.rnn.pack_padded_sequence"
         )
+
+
+def _side_stream(x: Tensor) -> torch.cuda.Stream | None:
+    """A CUDA stream from PyTorch's pool for a layer's backward direction, so that its kernels run beside the forward
+    direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU and while torch.compile or
+    torch.export traces (one stream there)."""
+    if x.device.type != "cuda" or torch.compiler.is_compiling():
+        return None
+    return torch.cuda.Stream(x.device)
+
+
+def _overlapped(side: torch.cuda.Stream, first, second) -> list:
+    """[first(), second()], second's kernels queued on ``side`` (after all the current stream's work so far) and
+    joined back: the current stream waits for them, and their outputs are recorded as used on it, so that the
+    caching allocator does not hand their memory to ``side`` while the current stream may still read it. Autograd
+    runs each backward op on its forward op's stream, so the backward passes overlap as well. Called in this order,
+    the random draws (zoneout, weight drop) are the same as without a side stream."""
+    main = torch.cuda.current_stream(side.device)
+    result = [first()]
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        out, state = second()
+    main.wait_stream(side)
+    for t in (out, *state):
+        t.record_stream(main)
+    return result + [(out, state)]
 
 
 def _reverse_index(lengths: Tensor | None, T: int, device) -> Tensor | None:
