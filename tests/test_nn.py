@@ -399,7 +399,7 @@ def test_jit_script_is_refused_in_one_line_naming_trace_and_export(cell):
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_the_directions_on_two_streams_give_what_one_stream_gives(cell, packed, monkeypatch):
     """On a GPU a layer's backward direction runs on a side stream (lltm_train/nn/rnn.py, _overlapped); float64
-    outputs, final states and gradients equal those of the same module on one stream, bit for bit."""
+    outputs, final states and gradients equal those of the same module on one stream."""
     import lltm_train.nn.rnn as rnn
 
     m = MODULES[cell.name](5, 7, num_layers=2, bidirectional=True, dtype=torch.float64, device="cuda", backend="cuda")
@@ -422,4 +422,4 @@ def test_the_directions_on_two_streams_give_what_one_stream_gives(cell, packed, 
     monkeypatch.setattr(rnn, "_side_stream", lambda t: None)
     one = run()
     for a, b in zip(two, one):
-        assert torch.equal(a, b)
+        assert_close(a, b, **F64)
