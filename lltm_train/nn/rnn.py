@@ -257,9 +257,10 @@ def _check_batch_sizes(owner: str, batch_sizes: Tensor, rows: int) -> None:
 
 def _side_stream(x: Tensor) -> torch.cuda.Stream | None:
     """A CUDA stream from PyTorch's pool for a layer's backward direction, so that its kernels run beside the forward
-    direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU and while torch.compile or
-    torch.export traces (one stream there)."""
-    if x.device.type != "cuda" or torch.compiler.is_compiling():
+    direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU, while torch.compile or
+    torch.export traces, and while a CUDA graph is captured (the captured training step: one stream there, as it
+    was measured and tested)."""
+    if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return None
     return torch.cuda.Stream(x.device)
 
