@@ -293,7 +293,8 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
   Tensor x2d = b.input_t.defined() ? b.input_t.t() : a.input.reshape({T * B, I});
   if (b.lengths.defined() && !b.input_t.defined()) {  // padding never reaches a gradient, even where not finite
     const Tensor padding = at::arange(T, b.lengths.options()).unsqueeze(1) >= b.lengths.unsqueeze(0);
-    x2d = x2d.masked_fill(padding.reshape({T * B, 1}).to(x2d.device()), 0);
+    // (non_blocking: a blocking copy to the GPU would make the host wait for the recurrence queued before it)
+    x2d = x2d.masked_fill(padding.reshape({T * B, 1}).to(x2d.device(), /*non_blocking=*/true), 0);
   }
   // A GEMV on CUDA for many rows: sum(0) over T * B rows allocates a staging buffer twice the size of dg.
   const auto column_sums = [&](const Tensor& m) {

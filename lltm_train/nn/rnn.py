@@ -152,6 +152,9 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
 
         finals: list[list[Tensor]] = [[] for _ in self.cell.states]
         side = _side_stream(x) if self.bidirectional else None
+        if side is not None:  # made here and read by backward ops on the side stream: not reused before they ran
+            for t in (*state0, *([] if reverse is None else [reverse])):
+                t.record_stream(side)
         for layer in range(self.num_layers):
             runs = [partial(self._direction, layer, d, x, state0, lengths, reverse) for d in range(self.num_directions)]
             directions = [run() for run in runs] if side is None else _overlapped(side, *runs)
@@ -255,14 +258,20 @@ def _check_batch_sizes(owner: str, batch_sizes: Tensor, rows: int) -> None:
         )
 
 
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
 def _side_stream(x: Tensor) -> torch.cuda.Stream | None:
-    """A CUDA stream from PyTorch's pool for a layer's backward direction, so that its kernels run beside the forward
+    """The CUDA stream of x's device for a layer's backward direction, so that its kernels run beside the forward
     direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU, while torch.compile or
     torch.export traces, and while a CUDA graph is captured (the captured training step: one stream there, as it
-    was measured and tested)."""
+    was measured and tested). One stream a device, kept: the stepped path caches its CUDA graphs and cuBLAS keeps a
+    workspace per stream, which a fresh stream of PyTorch's pool at each call would keep replacing."""
     if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return None
-    return torch.cuda.Stream(x.device)
+    if x.device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+    return _SIDE_STREAMS[x.device]
 
 
 def _overlapped(side: torch.cuda.Stream, first, second) -> list:
@@ -274,9 +283,11 @@ def _overlapped(side: torch.cuda.Stream, first, second) -> list:
     main = torch.cuda.current_stream(side.device)
     result = [first()]
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        out, state = second()
-    main.wait_stream(side)
+    try:
+        with torch.cuda.stream(side):
+            out, state = second()
+    finally:  # joined even when second() raises (an out-of-memory error a caller skips): nothing left unordered
+        main.wait_stream(side)
     for t in (out, *state):
         t.record_stream(main)
     return result + [(out, state)]
