@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The next GPU session's calls, one part per call (each well under the 10-minute limit), from the repository root:
+#   bash benchmarks/2026-12-06_h100_wide/next_calls.sh PART "$OUT"
+# SITE (default /tmp/site): a folder of the packages the GPU machine lacks (hydra-core, flashrnn, ...), put on PYTHONPATH;
+# for "heads", FlashRNN 1.0.8 in it patched to build on CUDA 13 (the team's peers/flashrnn_cuda13.py, run on SITE).
+#   streams:   stack_timing.py on this tree and on a copy with next_wavefront.patch, side by side; then that copy's
+#              stream tests (-m cuda, test_wavefront.py and the two-stream test of test_nn.py)
+#   heads:     issue 39's table in one run: LSTM and sLSTM, bfloat16, heads 12 / 6 / 3 / 1 at FlashRNN's shape
+#   sanitizer: the sanitizer test (slow) for the cells with wide kernels, racecheck, synccheck and memcheck
+set -u
+PART=$1 OUT=$2
+SITE=${SITE:-/tmp/site}
+HERE=$PWD/benchmarks/2026-12-06_h100_wide
+export PYTHONPATH=$PWD:$SITE TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+case $PART in
+  streams)
+    rm -rf /tmp/wave && mkdir -p /tmp/wave && cp -r csrc lltm_train tests pyproject.toml setup.py /tmp/wave/
+    (cd /tmp/wave && patch -s -p1 < "$HERE/next_wavefront.patch") || echo "the patch does not apply" >> "$OUT/streams.log"
+    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" >> "$OUT/streams.log" 2>&1 &
+    (cd /tmp/wave && PYTHONPATH=/tmp/wave:$SITE python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()") \
+      >> "$OUT/streams.log" 2>&1 &
+    wait
+    for tree in "$PWD" /tmp/wave; do
+      echo "{\"tree\": \"$tree\"}" >> "$OUT/stacks.jsonl"
+      (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/stacks.jsonl" > /dev/null 2>> "$OUT/streams.log")
+    done
+    (cd /tmp/wave && PYTHONPATH=/tmp/wave:$SITE timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider \
+      tests/test_wavefront.py tests/test_nn.py 2>&1 | tail -n 15 >> "$OUT/streams.log") ;;
+  heads)  # FlashRNN compiles its kernels per (cell, dtype, heads): all eight at once first
+    for cell in lstm slstm; do
+      for nh in 12 6 3 1; do
+        python3 -c "import torch; from lltm_train.bench.peers import flashrnn_contender as f, try_contender as t
+from lltm_train.ops.cells import CELLS; r = f(CELLS['$cell'], 1024, 16, 768, $nh, torch.device('cuda'), torch.bfloat16)
+print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1 &
+      done
+    done
+    wait
+    for cell in lstm slstm; do
+      for nh in 12 6 3 1; do
+        python3 -m lltm_train.bench --configs flashrnn-shape --cells $cell --dtype bfloat16 --num-heads $nh --repeats 7 \
+          2>&1 | grep "flashrnn-shape" >> "$OUT/heads.log"
+      done
+    done ;;
+  sanitizer)
+    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" > "$OUT/sanitizer.log" 2>&1
+    timeout 560 python3 -m pytest -q -n 8 -m slow -k "sanitizer and (lltm or lstm or gru)" tests/test_cuda.py \
+      -p no:cacheprovider 2>&1 | tail -n 15 >> "$OUT/sanitizer.log" ;;
+  *) echo "unknown part $PART: streams, heads or sanitizer" >&2; exit 2 ;;
+esac
