@@ -14,7 +14,7 @@ HERE=$PWD/benchmarks/2026-12-06_h100_wide
 export PYTHONPATH=$PWD:$SITE TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
 case $PART in
   streams)
-    rm -rf /tmp/wave && mkdir -p /tmp/wave && cp -r csrc lltm_train tests pyproject.toml setup.py /tmp/wave/
+    rm -rf /tmp/wave && mkdir -p /tmp/wave && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/wave/
     (cd /tmp/wave && patch -s -p1 < "$HERE/next_wavefront.patch") || echo "the patch does not apply" >> "$OUT/streams.log"
     python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" >> "$OUT/streams.log" 2>&1 &
     (cd /tmp/wave && PYTHONPATH=/tmp/wave:$SITE python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()") \
