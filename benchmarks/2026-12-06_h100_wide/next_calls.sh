@@ -7,6 +7,7 @@
 #              stream tests (-m cuda, test_wavefront.py and the two-stream test of test_nn.py)
 #   heads:     issue 39's table in one run: LSTM and sLSTM, bfloat16, heads 12 / 6 / 3 / 1 at FlashRNN's shape
 #   sanitizer: the sanitizer test (slow) for the cells with wide kernels, racecheck, synccheck and memcheck
+#   fast16:    next_fast_math_16bit.patch timed beside this tree (kernel_profile.py, two passes), then its 16-bit CUDA tests
 set -u
 PART=$1 OUT=$2
 SITE=${SITE:-/tmp/site}
@@ -45,5 +46,19 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" > "$OUT/sanitizer.log" 2>&1
     timeout 560 python3 -m pytest -q -n 8 -m slow -k "sanitizer and (lltm or lstm or gru)" tests/test_cuda.py \
       -p no:cacheprovider 2>&1 | tail -n 15 >> "$OUT/sanitizer.log" ;;
-  *) echo "unknown part $PART: streams, heads or sanitizer" >&2; exit 2 ;;
+  fast16)  # next_fast_math_16bit.patch: the SFU math in every 16-bit persistent kernel, two passes beside this tree
+    rm -rf /tmp/fast16 && mkdir -p /tmp/fast16 && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/fast16/
+    (cd /tmp/fast16 && patch -s -p1 < "$HERE/next_fast_math_16bit.patch") || echo "the patch does not apply" >> "$OUT/fast16.log"
+    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" >> "$OUT/fast16.log" 2>&1 &
+    (cd /tmp/fast16 && PYTHONPATH=/tmp/fast16:$SITE python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()") \
+      >> "$OUT/fast16.log" 2>&1 &
+    wait
+    SPECS=lstm:128:32:bf16,gru:128:32:fp16,lltm:128:32:bf16,lstm:512:32:bf16,slstm:512:16:bf16,lstm:768:16:fp16
+    for tree in "$PWD" /tmp/fast16 /tmp/fast16 "$PWD"; do
+      echo "{\"variant\": \"$tree\"}" >> "$OUT/fast16.jsonl"
+      (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/kernel_profile.py" "$OUT/fast16.jsonl" "$SPECS" > /dev/null 2>> "$OUT/fast16.log")
+    done
+    (cd /tmp/fast16 && PYTHONPATH=/tmp/fast16:$SITE timeout 300 python3 -m pytest -q -n 4 -m "cuda and not slow" \
+      -k "float16 or bfloat16 or bf16 or fp16 or half" tests -p no:cacheprovider 2>&1 | tail -n 5 >> "$OUT/fast16.log") ;;
+  *) echo "unknown part $PART: streams, heads, sanitizer or fast16" >&2; exit 2 ;;
 esac
