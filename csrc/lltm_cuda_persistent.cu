@@ -348,8 +348,8 @@ constexpr int cluster_size(int H) { return H <= 128 ? 4 : H <= 256 ? 8 : 16; }
 // Wider recurrences (16-bit, H = 768 and 1024) need more blocks than a cluster has: at 16 units a block, the
 // weights of a block fit in registers as at H = 512, and the H / 16 blocks of a row group, in no cluster, exchange
 // h (forward) and the partial dL/dh (backward) through global memory (L2) in flagged 8-byte words: two 16-bit h
-// values with the step (put_flagged), two float24 partial sums with its 16 low bits (put_flagged_pair). The grid must be resident at once: a cooperative launch, one
-// wave only.
+// values with the step (put_flagged), two float24 partial sums with its 16 low bits (put_flagged_pair). The grid
+// must be resident at once: a cooperative launch, one wave only.
 constexpr bool is_wide(int H) { return H > 512; }
 constexpr int blocks_per_group(int H) { return is_wide(H) ? H / 16 : cluster_size(H); }
 

@@ -13,14 +13,18 @@ PART=$1 OUT=$2
 SITE=${SITE:-/tmp/site}
 HERE=$PWD/benchmarks/2026-12-06_h100_wide
 export PYTHONPATH=$PWD:$SITE TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+BUILD='import lltm_train.ops as o; assert o.load(), o.load_error()'
+# patched_copy DIR PATCH LOG: this tree in DIR with PATCH applied; both trees' extensions built at once
+patched_copy() {
+  rm -rf "$1" && mkdir -p "$1" && cp -r csrc lltm_train tests conf pyproject.toml setup.py "$1/"
+  (cd "$1" && patch -s -p1 < "$HERE/$2") || echo "$2 does not apply" >> "$3"
+  python3 -c "$BUILD" >> "$3" 2>&1 &
+  (cd "$1" && PYTHONPATH=$1:$SITE python3 -c "$BUILD") >> "$3" 2>&1 &
+  wait
+}
 case $PART in
   streams)
-    rm -rf /tmp/wave && mkdir -p /tmp/wave && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/wave/
-    (cd /tmp/wave && patch -s -p1 < "$HERE/next_wavefront.patch") || echo "the patch does not apply" >> "$OUT/streams.log"
-    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" >> "$OUT/streams.log" 2>&1 &
-    (cd /tmp/wave && PYTHONPATH=/tmp/wave:$SITE python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()") \
-      >> "$OUT/streams.log" 2>&1 &
-    wait
+    patched_copy /tmp/wave next_wavefront.patch "$OUT/streams.log"
     for tree in "$PWD" /tmp/wave; do
       echo "{\"tree\": \"$tree\"}" >> "$OUT/stacks.jsonl"
       (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/stacks.jsonl" > /dev/null 2>> "$OUT/streams.log")
@@ -43,16 +47,11 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       done
     done ;;
   sanitizer)
-    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" > "$OUT/sanitizer.log" 2>&1
+    python3 -c "$BUILD" > "$OUT/sanitizer.log" 2>&1
     timeout 560 python3 -m pytest -q -n 8 -m slow -k "sanitizer and (lltm or lstm or gru)" tests/test_cuda.py \
       -p no:cacheprovider 2>&1 | tail -n 15 >> "$OUT/sanitizer.log" ;;
   fast16)  # next_fast_math_16bit.patch: the SFU math in every 16-bit persistent kernel, two passes beside this tree
-    rm -rf /tmp/fast16 && mkdir -p /tmp/fast16 && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/fast16/
-    (cd /tmp/fast16 && patch -s -p1 < "$HERE/next_fast_math_16bit.patch") || echo "the patch does not apply" >> "$OUT/fast16.log"
-    python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()" >> "$OUT/fast16.log" 2>&1 &
-    (cd /tmp/fast16 && PYTHONPATH=/tmp/fast16:$SITE python3 -c "import lltm_train.ops as o; assert o.load(), o.load_error()") \
-      >> "$OUT/fast16.log" 2>&1 &
-    wait
+    patched_copy /tmp/fast16 next_fast_math_16bit.patch "$OUT/fast16.log"
     SPECS=lstm:128:32:bf16,gru:128:32:fp16,lltm:128:32:bf16,lstm:512:32:bf16,slstm:512:16:bf16,lstm:768:16:fp16
     for tree in "$PWD" /tmp/fast16 /tmp/fast16 "$PWD"; do
       echo "{\"variant\": \"$tree\"}" >> "$OUT/fast16.jsonl"

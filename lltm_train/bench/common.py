@@ -105,8 +105,8 @@ def contenders(name: str, T: int, B: int, I: int, H: int, device, dtype, backend
     the same stack (no FlashRNN, which runs one layer)."""
     kw = dict(device=device, dtype=dtype)
     x = torch.randn(T, B, I, **kw, requires_grad=True)
-    params = [w.requires_grad_() for w in weights(cell, I, H, num_heads, **kw)]
     stacked = num_layers > 1 or bidirectional
+    params = [] if stacked else [w.requires_grad_() for w in weights(cell, I, H, num_heads, **kw)]
     grad = torch.randn(T, B, H * (2 if bidirectional else 1), **kw)
     step = name == "seed-cell"
     module = stack(cell, I, H, num_heads, num_layers, bidirectional, **kw) if stacked else None

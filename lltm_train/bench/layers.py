@@ -19,11 +19,11 @@ def run_layers(configs: list[str], device: torch.device, dtype: torch.dtype, rep
     With ``num_heads`` ours and FlashRNN's layers run that many heads (PyTorch's the dense width); with
     ``num_layers`` and ``bidirectional`` ours and PyTorch's run that stack (:func:`.common.contenders`)."""
     backend = compiled_backend(device)
+    stack = dict(num_layers=num_layers, bidirectional=bidirectional)
     rows = []
     for name in configs:
         T, B, I, H = CONFIGS[name]
         for cell in cells:
-            stack = dict(num_layers=num_layers, bidirectional=bidirectional)
             err = checked_against_python(name, min(T, 64), B, I, H, device, dtype, backend, cell, num_heads, **stack)
             calls = 50 if name == "seed-cell" else 1 if T * H >= 256 * 1024 and device.type == "cpu" else 3
             baseline = baseline_label(cell)

@@ -265,8 +265,9 @@ def _side_stream(x: Tensor) -> torch.cuda.Stream | None:
     """The CUDA stream of x's device for a layer's backward direction, so that its kernels run beside the forward
     direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU, while torch.compile,
     torch.export or torch.jit.trace traces, and while a CUDA graph is captured (the captured training step: one
-    stream there, as it was measured and tested). One stream a device, kept: the stepped path caches its CUDA graphs and cuBLAS keeps a
-    workspace per stream, which a fresh stream of PyTorch's pool at each call would keep replacing."""
+    stream there, as it was measured and tested). One stream a device, kept: the stepped path caches its CUDA
+    graphs and cuBLAS keeps a workspace per stream, which a fresh stream of PyTorch's pool at each call would keep
+    replacing."""
     if (x.device.type != "cuda" or torch.compiler.is_compiling() or torch.jit.is_tracing()
             or torch.cuda.is_current_stream_capturing()):
         return None
