@@ -32,7 +32,7 @@ struct DeviceMath {
   static __device__ __forceinline__ double reciprocal(double x) { return 1.0 / x; }
 };
 
-// The wide persistent kernels' math (16-bit storage, float arithmetic): the special function unit's exp2, log2
+// The 16-bit persistent kernels' math (16-bit storage, float arithmetic): the special function unit's exp2, log2
 // and reciprocal (MUFU.EX2, LG2, RCP; a few float ulps, an absolute error near 1e-7 where a value is near 0),
 // tanh from exp as the CPU's FastFloatMath takes it. Each stays far below the half ulp of the 16-bit values the
 // kernels store (2^-9 bfloat16, 2^-12 float16, relative). Limits: exp gives inf above 88.7 and 0 below -87.3;

@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
   // The next step's inputs: x, the zoneout factors zh, zc (wide kernels: in their storage type until used, widen()).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
   load_t x[NP][NG], zh[NP], zc[NP];
-  using Math = std::conditional_t<kWide, FastDeviceMath, DeviceMath>;
+  using Math = std::conditional_t<sizeof(scalar_t) == 2, FastDeviceMath, DeviceMath>;  // 16-bit: the SFU (lltm_cuda.h)
   int len[NP];
   constexpr int NS = Cell::kHasCell ? 2 : 1;  // states (zoneout's factor blocks)
 #pragma unroll
@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
   // The next step's inputs: c_t, c_{t-1}, the saved activations, h_{t-1}, dL/dh_t from the output, the zoneout
   // factors (wide kernels: in their storage type until used, widen(); elsewhere it cost registers, and spills at H 512).
   using load_t = std::conditional_t<kWide, scalar_t, float>;
-  using Math = std::conditional_t<kWide, FastDeviceMath, DeviceMath>;
+  using Math = std::conditional_t<sizeof(scalar_t) == 2, FastDeviceMath, DeviceMath>;  // 16-bit: the SFU (lltm_cuda.h)
   CellState<Cell, load_t> cc[NP], cp[NP];
   load_t sv[NP][A], hp[NP], go[NP], zh[NP], zc[NP];
   int len[NP];
