@@ -20,6 +20,7 @@ from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
 from ..ops.cells import SLSTM as SLSTM_CELL
+from ._wavefront import layer_streams, wavefront
 from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from .cell import rnn_cell_spec
 
@@ -150,6 +151,24 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
             state0 = tuple(s.index_select(1, sorted_indices) for s in state0)
         reverse = _reverse_index(lengths, x.shape[0], x.device) if self.bidirectional else None
 
+        streams = layer_streams(self, x)
+        x, finals = (wavefront(self, x, state0, lengths, streams) if streams is not None
+                     else self._layer_by_layer(x, state0, lengths, reverse))
+        state_n = tuple(torch.stack(f) for f in finals)
+
+        if packed:
+            out = pack_padded_sequence(x, lengths).data
+            if unsorted_indices is not None:
+                state_n = tuple(s.index_select(1, unsorted_indices) for s in state_n)
+            return PackedSequence(out, batch_sizes, sorted_indices, unsorted_indices), _as_hx(self.cell, state_n)
+        if unbatched:
+            return x.squeeze(1), _as_hx(self.cell, tuple(s.squeeze(1) for s in state_n))
+        return (x.transpose(0, 1) if self.batch_first else x), _as_hx(self.cell, state_n)
+
+    def _layer_by_layer(self, x: Tensor, state0: tuple[Tensor, ...], lengths: Tensor | None,
+                        reverse: Tensor | None) -> tuple[Tensor, list[list[Tensor]]]:
+        """The stack's output (T, B, D * H) over x (T, B, .) and each state's final values per layer and direction;
+        a layer's two directions on two CUDA streams on a GPU (:func:`_overlapped`)."""
         finals: list[list[Tensor]] = [[] for _ in self.cell.states]
         side = _side_stream(x) if self.bidirectional else None
         if side is not None:  # made here and read by backward ops on the side stream: not reused before they ran
@@ -164,28 +183,25 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
             x = torch.cat([out for out, _ in directions], -1) if self.bidirectional else directions[0][0]
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
-        state_n = tuple(torch.stack(f) for f in finals)
-
-        if packed:
-            out = pack_padded_sequence(x, lengths).data
-            if unsorted_indices is not None:
-                state_n = tuple(s.index_select(1, unsorted_indices) for s in state_n)
-            return PackedSequence(out, batch_sizes, sorted_indices, unsorted_indices), _as_hx(self.cell, state_n)
-        if unbatched:
-            return x.squeeze(1), _as_hx(self.cell, tuple(s.squeeze(1) for s in state_n))
-        return (x.transpose(0, 1) if self.batch_first else x), _as_hx(self.cell, state_n)
+        return x, finals
 
     def _direction(self, layer: int, d: int, x: Tensor, state0: tuple[Tensor, ...], lengths: Tensor | None,
                    reverse: Tensor | None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One direction of one layer over x (T, B, .): its output (T, B, H) in x's time order and final states."""
         k = layer * self.num_directions + d
         x_d = x if d == 0 else _reversed(x, reverse)
+        weights, zoneout = self._draws(layer, d, x_d)
+        out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights, lengths=lengths,
+                               backend=self.backend, zoneout=zoneout, num_heads=self.num_heads)
+        return (out if d == 0 else _reversed(out, reverse)), state
+
+    def _draws(self, layer: int, d: int, x: Tensor) -> tuple[list[Tensor | None], Tensor | None]:
+        """A layer direction's weights (``weight_hh`` with its DropConnect mask in training) and its zoneout
+        factors for input x (T, B, .): its random draws, in this order."""
         weights = self._weights(self._suffixes(layer)[d])
         if self.weight_drop > 0 and self.training:  # DropConnect: one mask of W_hh for the whole sequence
             weights[1] = F.dropout(weights[1], self.weight_drop, training=True)
-        out, state = rnn_layer(self.cell, x_d, tuple(s[k] for s in state0), *weights, lengths=lengths,
-                               backend=self.backend, zoneout=self._zoneout_factors(x_d), num_heads=self.num_heads)
-        return (out if d == 0 else _reversed(out, reverse)), state
+        return weights, self._zoneout_factors(x)
 
     def _zoneout_factors(self, x: Tensor) -> Tensor | None:
         """A layer's zoneout factors (T, B, S * H) for input x (T, B, .): Bernoulli draws in training mode (one per
