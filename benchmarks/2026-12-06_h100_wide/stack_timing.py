@@ -1,7 +1,7 @@
 """Stacks with and without their extra CUDA streams, side by side: forward + backward of lltm_train.nn's module,
 CUDA-event medians after warm-up, alternated twice. The directions of a bidirectional layer on two streams
-(lltm_train/nn/rnn.py, _side_stream) and, where next_wavefront.patch is applied, the wavefront of one-direction
-stacks (lltm_train/nn/_wavefront.py, layer_streams).
+(lltm_train/nn/rnn.py, _side_stream) and the wavefront of one-direction stacks (lltm_train/nn/_wavefront.py,
+layer_streams; on main since session 25, which timed it as a patch).
     python stack_timing.py OUT.jsonl [cell:H:B:T:layers:bi:dtype,...]
 Default: gpu-S sizes (B 32, T 512, I 64) at H 128 and 512, 3 layers and 2 layers bidirectional, GRU and LSTM."""
 import json
