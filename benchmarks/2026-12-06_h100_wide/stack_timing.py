@@ -2,8 +2,10 @@
 CUDA-event medians after warm-up, alternated twice. The directions of a bidirectional layer on two streams
 (lltm_train/nn/rnn.py, _side_stream) and the wavefront of one-direction stacks (lltm_train/nn/_wavefront.py,
 layer_streams; on main since session 25, which timed it as a patch).
-    python stack_timing.py OUT.jsonl [cell:H:B:T:layers:bi:dtype,...]
-Default: gpu-S sizes (B 32, T 512, I 64) at H 128 and 512, 3 layers and 2 layers bidirectional, GRU and LSTM."""
+    python stack_timing.py OUT.jsonl [cell:H:B:T:layers:bi:dtype,...] [--captured]
+Default: gpu-S sizes (B 32, T 512, I 64) at H 128 and 512, 3 layers and 2 layers bidirectional, GRU and LSTM.
+--captured: each forward + backward captured once in a CUDA graph (as the captured training step does) and its
+replays timed, so that no host time counts (a row's "captured": true)."""
 import json
 import statistics
 import sys
@@ -37,9 +39,25 @@ def tokens_per_s(step, T, B):
     return T * B / statistics.median(times)
 
 
+def captured(step):
+    """step's work captured in a CUDA graph after an eager warm-up on a side stream: its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 if __name__ == "__main__":
-    out = open(sys.argv[1], "a")
-    for spec in (sys.argv[2] if len(sys.argv) > 2 else DEFAULT).split(","):
+    args = [a for a in sys.argv[1:] if a != "--captured"]
+    capture = captured if "--captured" in sys.argv else (lambda step: step)
+    out = open(args[0], "a")
+    for spec in (args[1] if len(args) > 1 else DEFAULT).split(","):
         cell, H, B, T, L, bi, dt = spec.split(":")
         H, B, T, L, bi, dt = int(H), int(B), int(T), int(L), bool(int(bi)), DT[dt]
         torch.manual_seed(0)
@@ -56,14 +74,20 @@ if __name__ == "__main__":
             o, _ = theirs(x)
             o.backward(g)
 
-        row = {"cell": cell, "H": H, "B": B, "T": T, "layers": L, "bidirectional": bi, "dtype": str(dt)[6:], "M_tok_s": {}}
+        row = {"cell": cell, "H": H, "B": B, "T": T, "layers": L, "bidirectional": bi, "dtype": str(dt)[6:],
+               "captured": capture is captured, "M_tok_s": {}}
         for label, patch in (("streams", MANY), ("one stream", ONE)) * 2:
             for name, fn in patch.items():
                 setattr(rnn, name, fn)
-            row["M_tok_s"].setdefault(label, []).append(round(tokens_per_s(ours, T, B) / 1e6, 3))
+            row["M_tok_s"].setdefault(label, []).append(round(tokens_per_s(capture(ours), T, B) / 1e6, 3))
         for name, fn in MANY.items():
             setattr(rnn, name, fn)
-        row["M_tok_s"]["nn (cuDNN)"] = [round(tokens_per_s(cudnn, T, B) / 1e6, 3)]
+        try:
+            theirs_step = capture(cudnn)
+        except RuntimeError as e:  # cuDNN's layer not capturable here: timed eagerly, and said so
+            torch.cuda.synchronize()
+            theirs_step, row["cuDNN not captured"] = cudnn, str(e).splitlines()[0]
+        row["M_tok_s"]["nn (cuDNN)"] = [round(tokens_per_s(theirs_step, T, B) / 1e6, 3)]
         print(json.dumps(row), flush=True)
         out.write(json.dumps(row) + "\n")
         out.flush()
