@@ -36,11 +36,15 @@ if __name__ == "__main__":
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3): step()
             torch.cuda.synchronize()
-        agg = defaultdict(float)
+        agg, launches = defaultdict(float), defaultdict(int)
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 agg[e.name[:60]] += e.device_time / 3
-        top = sorted(agg.items(), key=lambda kv: -kv[1])[:6]
+                launches[e.name[:60]] += 1
+        top = sorted(agg.items(), key=lambda kv: -kv[1])[:16]
+        # all_kernels_us: the device time of every kernel and copy of a call; median_ms minus it is idle time
+        # between them (launch gaps, host waits)
         row = {"cell": cellname, "H": H, "B": B, "dtype": str(dt), "median_ms": ts[2], "tok_s": T*B/ts[2]*1e3,
+               "all_kernels_us": round(sum(agg.values()), 1), "launches_per_call": round(sum(launches.values()) / 3, 1),
                "kernels_us_per_call": {k: round(v, 1) for k, v in top}, "us_per_step": {k[:30]: round(v/T, 3) for k, v in top[:2]}}
         print(json.dumps(row)); out.write(json.dumps(row) + "\n"); out.flush()

@@ -6,6 +6,8 @@
 #   stacks:    stack_timing.py on this tree: each stack with and without its extra streams, side by side
 #   heads:     issue 39's table in one run: LSTM and sLSTM, bfloat16, heads 12 / 6 / 3 / 1 at FlashRNN's shape
 #   sanitizer: the sanitizer test (slow) for the cells with wide kernels, racecheck, synccheck and memcheck
+#   profile:   kernel_profile.py at FlashRNN's width (every kernel of a forward + backward and the idle time between
+#              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768)
 #   captured:  ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) in a
 #              copy: its CUDA tests, then stack_timing.py --captured on this tree (one stream under capture) and on it
 # (Session 25 ran heads, the wavefront and the 16-bit SFU math (then patches, now on main): benchmarks/2026-12-06_h100_s25/.)
@@ -38,6 +40,10 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     python3 -c "$BUILD" > "$OUT/sanitizer.log" 2>&1
     timeout 560 python3 -m pytest -q -n 8 -m slow -k "sanitizer and (lltm or lstm or gru)" tests/test_cuda.py \
       -p no:cacheprovider 2>&1 | tail -n 15 >> "$OUT/sanitizer.log" ;;
+  profile)
+    python3 -c "$BUILD" > "$OUT/profile.log" 2>&1
+    python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" lstm:768:16:fp16,slstm:768:16:bf16,lstm:1024:16:fp16,lstm:512:32:bf16 \
+      > /dev/null 2>> "$OUT/profile.log" ;;
   captured)
     rm -rf /tmp/cap && mkdir -p /tmp/cap && cp -r csrc lltm_train tests conf docs pyproject.toml setup.py /tmp/cap/
     (cd /tmp/cap && patch -s -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch") \
@@ -52,5 +58,5 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured \
         > /dev/null 2>> "$OUT/captured.log")
     done ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer or captured" >&2; exit 2 ;;
+  *) echo "unknown part $PART: stacks, heads, sanitizer, profile or captured" >&2; exit 2 ;;
 esac
