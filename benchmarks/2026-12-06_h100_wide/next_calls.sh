@@ -6,6 +6,9 @@
 #   stacks:    stack_timing.py on this tree: each stack with and without its extra streams, side by side
 #   heads:     issue 39's table in one run: LSTM and sLSTM, bfloat16, heads 12 / 6 / 3 / 1 at FlashRNN's shape
 #   sanitizer: the sanitizer test (slow) for the cells with wide kernels, racecheck, synccheck and memcheck
+#   best:      the status table's run (lltm-bench --dtype best at gpu-S..XL, every fused cell against cuDNN's fastest
+#              dtype): issue 38's gpu-S (LLTM >= 1.3x the best of cuDNN's LSTM and GRU) and gpu-XL targets, with the SFU
+#              math now in every 16-bit kernel
 #   profile:   kernel_profile.py at FlashRNN's width (every kernel of a forward + backward and the idle time between
 #              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768)
 #   captured:  ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) in a
@@ -40,6 +43,10 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     python3 -c "$BUILD" > "$OUT/sanitizer.log" 2>&1
     timeout 560 python3 -m pytest -q -n 8 -m slow -k "sanitizer and (lltm or lstm or gru)" tests/test_cuda.py \
       -p no:cacheprovider 2>&1 | tail -n 15 >> "$OUT/sanitizer.log" ;;
+  best)
+    python3 -c "$BUILD" > "$OUT/best.log" 2>&1
+    python3 -m lltm_train.bench --device cuda --dtype best --configs gpu-S,gpu-M,gpu-L,gpu-XL --json "$OUT/best.json" \
+      2>&1 | grep -v "it/s" >> "$OUT/best.log" ;;
   profile)
     python3 -c "$BUILD" > "$OUT/profile.log" 2>&1
     python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" lstm:768:16:fp16,slstm:768:16:bf16,lstm:1024:16:fp16,lstm:512:32:bf16 \
@@ -58,5 +65,5 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured \
         > /dev/null 2>> "$OUT/captured.log")
     done ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, profile or captured" >&2; exit 2 ;;
+  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile or captured" >&2; exit 2 ;;
 esac
