@@ -11,6 +11,9 @@
 #              math now in every 16-bit kernel
 #   profile:   kernel_profile.py at FlashRNN's width (every kernel of a forward + backward and the idle time between
 #              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768)
+#   prefetch:  ../2026-12-06_h100_s25/next_prefetch_{forward,both}.patch (the wide kernels' next-step loads a whole step
+#              ahead) timed beside this tree (kernel_profile.py, passes main, forward, both, both, forward, main), then
+#              the 16-bit CUDA tests on "both"
 #   captured:  ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) in a
 #              copy: its CUDA tests, then stack_timing.py --captured on this tree (one stream under capture) and on it
 # (Session 25 ran heads, the wavefront and the 16-bit SFU math (then patches, now on main): benchmarks/2026-12-06_h100_s25/.)
@@ -51,6 +54,22 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     python3 -c "$BUILD" > "$OUT/profile.log" 2>&1
     python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" lstm:768:16:fp16,slstm:768:16:bf16,lstm:1024:16:fp16,lstm:512:32:bf16 \
       > /dev/null 2>> "$OUT/profile.log" ;;
+  prefetch)
+    S25=$HERE/../2026-12-06_h100_s25
+    for v in forward both; do
+      rm -rf /tmp/pf_$v && mkdir -p /tmp/pf_$v && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/pf_$v/
+      (cd /tmp/pf_$v && patch -s -p1 < "$S25/next_prefetch_$v.patch") || echo "next_prefetch_$v.patch does not apply" >> "$OUT/prefetch.log"
+      (cd /tmp/pf_$v && PYTHONPATH=/tmp/pf_$v:$SITE python3 -c "$BUILD") >> "$OUT/prefetch.log" 2>&1 &
+    done
+    python3 -c "$BUILD" >> "$OUT/prefetch.log" 2>&1 &
+    wait
+    SPECS=lstm:768:16:fp16,slstm:768:16:bf16,gru:768:16:fp16,lltm:768:16:fp16,lstm:1024:16:fp16
+    for tree in "$PWD" /tmp/pf_forward /tmp/pf_both /tmp/pf_both /tmp/pf_forward "$PWD"; do
+      echo "{\"variant\": \"$tree\"}" >> "$OUT/prefetch.jsonl"
+      (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/kernel_profile.py" "$OUT/prefetch.jsonl" "$SPECS" > /dev/null 2>> "$OUT/prefetch.log")
+    done
+    (cd /tmp/pf_both && PYTHONPATH=/tmp/pf_both:$SITE timeout 200 python3 -m pytest -q -n 4 -m "cuda and not slow" \
+      -k "float16 or bfloat16 or bf16 or fp16 or half" tests -p no:cacheprovider 2>&1 | tail -n 5 >> "$OUT/prefetch.log") ;;
   captured)
     rm -rf /tmp/cap && mkdir -p /tmp/cap && cp -r csrc lltm_train tests conf docs pyproject.toml setup.py /tmp/cap/
     (cd /tmp/cap && patch -s -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch") \
@@ -65,5 +84,5 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured \
         > /dev/null 2>> "$OUT/captured.log")
     done ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile or captured" >&2; exit 2 ;;
+  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch or captured" >&2; exit 2 ;;
 esac
