@@ -14,6 +14,8 @@
 #   prefetch:  ../2026-12-06_h100_s25/next_prefetch_{forward,both}.patch (the wide kernels' next-step loads a whole step
 #              ahead) timed beside this tree (kernel_profile.py, passes main, forward, both, both, forward, main), then
 #              the 16-bit CUDA tests on "both"
+#   smnist:    issue 40: experiment=smnist_pixels alone on the GPU for EPOCHS epochs (default 250; 150 reached 98.65%,
+#              best validation at epoch 116; alone it trains about 1.6 s an epoch), its CSV metrics into $OUT
 #   captured:  ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) in a
 #              copy: its CUDA tests, then stack_timing.py --captured on this tree (one stream under capture) and on it
 # (Session 25 ran heads, the wavefront and the 16-bit SFU math (then patches, now on main): benchmarks/2026-12-06_h100_s25/.)
@@ -70,6 +72,12 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     done
     (cd /tmp/pf_both && PYTHONPATH=/tmp/pf_both:$SITE timeout 200 python3 -m pytest -q -n 4 -m "cuda and not slow" \
       -k "float16 or bfloat16 or bf16 or fp16 or half" tests -p no:cacheprovider 2>&1 | tail -n 5 >> "$OUT/prefetch.log") ;;
+  smnist)
+    python3 -c "$BUILD" > "$OUT/smnist.log" 2>&1
+    timeout "${SMNIST_LIMIT:-480}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
+      trainer.max_epochs="${EPOCHS:-250}" logger=csv hydra.run.dir=/tmp/smnist 2>&1 | tr '\r' '\n' | grep -v "it/s" \
+      | tail -n 40 >> "$OUT/smnist.log"
+    cp /tmp/smnist/csv/metrics.csv "$OUT/smnist_metrics.csv" ;;
   captured)
     rm -rf /tmp/cap && mkdir -p /tmp/cap && cp -r csrc lltm_train tests conf docs pyproject.toml setup.py /tmp/cap/
     (cd /tmp/cap && patch -s -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch") \
@@ -84,5 +92,5 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       (cd "$tree" && PYTHONPATH=$tree:$SITE python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured \
         > /dev/null 2>> "$OUT/captured.log")
     done ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch or captured" >&2; exit 2 ;;
+  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist or captured" >&2; exit 2 ;;
 esac
