@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..functional import rnn_layer
+from ._streams import kept_streams, streams_usable
 
 PIECES = 4  # time pieces: at L = 3, (4 + 2) / 12 = half the one-stream time at best
 # The widths (per head) where it runs. Up to 512 a layer's kernel leaves SMs free (the cluster kernels' range; the
@@ -22,9 +23,6 @@ PIECES = 4  # time pieces: at L = 3, (4 + 2) / 12 = half the one-stream time at 
 # T 512) and the overlap was lost, likely to each piece's host time (H100, 3 layers, T 512, B 32, against layer by
 # layer: GRU 0.87x-0.95x, LSTM 1.02x-1.14x; at 512 1.21x-1.69x; BENCHMARKS.md, "Stacks").
 MIN_WIDTH, MAX_WIDTH = 256, 512
-
-
-_STREAMS: dict[torch.device, list] = {}  # per device, kept (see rnn._side_stream for why not fresh ones)
 
 
 def fits(layers, T: int) -> bool:
@@ -37,19 +35,11 @@ def fits(layers, T: int) -> bool:
 
 def layer_streams(layers, x: Tensor) -> list | None:
     """One CUDA stream per layer (the current one first) when ``layers`` (a one-direction stack of several layers
-    over x (T, B, .) on a GPU) runs as a wavefront; None otherwise: on a CPU, while torch.compile, torch.export or
-    torch.jit.trace traces or a CUDA graph is captured (tested first: no guard on the sizes there), with both
-    directions (the backward direction needs all of the layer below), for fewer than 2 steps a piece, and for
-    widths outside :data:`MIN_WIDTH` .. :data:`MAX_WIDTH`."""
-    if (x.device.type != "cuda" or torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.cuda.is_current_stream_capturing()):
+    over x (T, B, .) on a GPU) runs as a wavefront; None otherwise: where :func:`._streams.streams_usable` says no
+    (tested first: no guard on the sizes while tracing) or the sizes do not :func:`fit <fits>`."""
+    if not streams_usable(x) or not fits(layers, x.shape[0]):
         return None
-    if not fits(layers, x.shape[0]):
-        return None
-    kept = _STREAMS.setdefault(x.device, [])
-    while len(kept) < layers.num_layers - 1:
-        kept.append(torch.cuda.Stream(x.device))
-    return [torch.cuda.current_stream(x.device), *kept[: layers.num_layers - 1]]
+    return [torch.cuda.current_stream(x.device), *kept_streams(x.device, layers.num_layers - 1)]
 
 
 def _between_layers(layers, T: int, B: int, like: Tensor):

@@ -20,6 +20,7 @@ from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
 from ..ops.cells import SLSTM as SLSTM_CELL
+from ._streams import kept_streams, streams_usable
 from ._wavefront import layer_streams, wavefront
 from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from .cell import rnn_cell_spec
@@ -274,22 +275,11 @@ def _check_batch_sizes(owner: str, batch_sizes: Tensor, rows: int) -> None:
         )
 
 
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
 def _side_stream(x: Tensor) -> torch.cuda.Stream | None:
     """The CUDA stream of x's device for a layer's backward direction, so that its kernels run beside the forward
-    direction's (at small widths a layer's recurrence fills a few SMs); None on a CPU, while torch.compile,
-    torch.export or torch.jit.trace traces, and while a CUDA graph is captured (the captured training step: one
-    stream there, as it was measured and tested). One stream a device, kept: the stepped path caches its CUDA
-    graphs and cuBLAS keeps a workspace per stream, which a fresh stream of PyTorch's pool at each call would keep
-    replacing."""
-    if (x.device.type != "cuda" or torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.cuda.is_current_stream_capturing()):
-        return None
-    if x.device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-    return _SIDE_STREAMS[x.device]
+    direction's (at small widths a layer's recurrence fills a few SMs); None where :func:`._streams.streams_usable`
+    says no."""
+    return kept_streams(x.device, 1)[0] if streams_usable(x) else None
 
 
 def _overlapped(side: torch.cuda.Stream, first, second) -> list:
