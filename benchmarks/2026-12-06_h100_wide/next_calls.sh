@@ -16,6 +16,8 @@
 #              the 16-bit CUDA tests on "both"
 #   smnist:    issue 40: experiment=smnist_pixels alone on the GPU for EPOCHS epochs (default 250; 150 reached 98.65%,
 #              best validation at epoch 116; alone it trains about 1.6 s an epoch), its CSV metrics into $OUT
+#   smnist_pair: two pixel sMNIST runs at once for EPOCHS epochs (default 190), VARIANTS="overrides A|overrides B"
+#              (default zoneout [0.5, 0.05] and [0.15, 0.05]), both logs and CSV metrics into $OUT
 #   captured:  stack_timing.py --captured on this tree (one stream under capture), then
 #              ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) applied
 #              in place: its CUDA tests and stack_timing.py --captured again; the patch is reverted at the end
@@ -79,6 +81,22 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       trainer.max_epochs="${EPOCHS:-250}" logger=csv hydra.run.dir=/tmp/smnist 2>&1 | tr '\r' '\n' | grep -v "it/s" \
       | tail -n 40 >> "$OUT/smnist.log"
     cp /tmp/smnist/csv/metrics.csv "$OUT/smnist_metrics.csv" ;;
+  smnist_pair)  # two recipes at once (a shared GPU only slows each: each wall time bounds the time alone); VARIANTS
+    # holds two override lists separated by "|"
+    python3 -c "$BUILD" > "$OUT/smnist.log" 2>&1
+    IFS='|' read -r A B <<< "${VARIANTS:-model.zoneout=[0.5,0.05]|model.zoneout=[0.15,0.05]}"
+    i=0
+    for v in "$A" "$B"; do
+      i=$((i + 1))
+      (timeout "${SMNIST_LIMIT:-540}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
+        trainer.max_epochs="${EPOCHS:-190}" logger=csv hydra.run.dir=/tmp/smnist_$i $v 2>&1 | tr '\r' '\n' \
+        | grep -v "it/s" | tail -n 25 > /tmp/smnist_$i.log) &
+    done
+    wait
+    for i in 1 2; do
+      { echo "== variant $i"; cat /tmp/smnist_$i.log; } >> "$OUT/smnist.log"
+      { echo "# variant $i"; cat /tmp/smnist_$i/csv/metrics.csv; } >> "$OUT/smnist_metrics.csv"
+    done ;;
   captured)  # the patch touches Python, tests and docs only: applied in place (this is the device's copy), so the
     # extension built for this tree serves both runs
     python3 -c "$BUILD" >> "$OUT/captured.log" 2>&1
