@@ -52,13 +52,14 @@ def test_reduce_overhead_training_that_accumulates_gradients_matches_eager(cell,
         assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
 
 
-def _train(cell: str, backend: str, batches: list[Batch], captured: bool):
+def _train(cell: str, backend: str, batches: list[Batch], captured: bool, hidden_size: int = 32,
+           num_layers: int = 2):
     """A small language model trained on ``batches`` with fused AdamW, clipping and a schedule, eagerly or
     through :class:`CapturedStep`. Returns (losses, parameters, the CapturedStep or None)."""
     torch.manual_seed(0)
     # torch.nn's layers with dropout between them are not captured (cuDNN's own dropout state): one layer
-    model = CharLM(11, hidden_size=32, embedding_dim=8, num_layers=1 if backend == "torch" else 2, dropout=0.2,
-                   cell=cell, backend=backend).cuda()
+    model = CharLM(11, hidden_size=hidden_size, embedding_dim=8, num_layers=1 if backend == "torch" else num_layers,
+                   dropout=0.2, cell=cell, backend=backend).cuda()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=0.01, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s))
@@ -158,3 +159,97 @@ def test_a_compiled_network_is_captured_and_trains_as_eager(tmp_path):
         runs[graph] = (recorder.losses, task.graph_replays)
     assert runs["true"][1] == 8
     assert_close(runs["true"][0], runs["false"][0], rtol=1e-5, atol=1e-6)
+
+
+
+def _spy_streams(monkeypatch, bidirectional: bool) -> list:
+    """Records (capturing, extra streams in use) at each forward of a stack: its side stream (bidirectional) or
+    its wavefront's layer streams, each distinct from the current stream (a pool stream could be the same one)."""
+    import lltm_train.nn.rnn as rnn
+
+    seen = []
+    if bidirectional:
+        real_side = rnn._side_stream
+
+        def side(x):
+            stream = real_side(x)
+            seen.append((torch.cuda.is_current_stream_capturing(),
+                         stream is not None and stream != torch.cuda.current_stream()))
+            return stream
+        monkeypatch.setattr(rnn, "_side_stream", side)
+    else:
+        real_layers = rnn.layer_streams
+
+        def layers(m, x):
+            streams = real_layers(m, x)
+            seen.append((torch.cuda.is_current_stream_capturing(),
+                         streams is not None and len(set(streams)) == len(streams)))
+            return streams
+        monkeypatch.setattr(rnn, "layer_streams", layers)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("size, layers, bidirectional", [(64, 2, True), (256, 3, False)], ids=["directions", "wavefront"])
+def test_a_stack_captured_with_its_streams_replays_what_it_computes_eagerly(size, layers, bidirectional, dtype,
+                                                                            monkeypatch):
+    """A stack's forward and backward captured in one CUDA graph with its extra streams (a bidirectional layer's
+    two directions, a one-direction stack's wavefront), its random draws included (dropout between layers,
+    zoneout, weight drop; bfloat16: the persistent kernels, float32 at full precision: the stepped path): each
+    replay on a new input gives the outputs, final states and gradients that the same module computes eagerly on
+    it from the same seed. The streams were in the capture (a stream left out of it would have run once, at
+    capture time: the replays would repeat the first input's results)."""
+    seen = _spy_streams(monkeypatch, bidirectional)
+    torch.manual_seed(0)
+    kwargs = dict(num_layers=layers, bidirectional=bidirectional, dropout=0.3, zoneout=0.1, weight_drop=0.2,
+                  backend="cuda")
+    module = fused.recurrent_layers("lstm", 16, size, **kwargs).to("cuda", dtype)
+    eager = fused.recurrent_layers("lstm", 16, size, **kwargs).to("cuda", dtype)
+    eager.load_state_dict(module.state_dict())
+    x = torch.randn(16, 4, 16, device="cuda", dtype=dtype)
+    g = torch.randn(16, 4, size * (2 if bidirectional else 1), device="cuda", dtype=dtype)
+
+    def step(m):
+        out, (h_n, c_n) = m(x)
+        (out * g).sum().backward()
+        return out, h_n, c_n
+
+    side = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graph asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(module)
+            module.zero_grad(set_to_none=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = step(module)
+    assert (True, True) in seen and all(used for _, used in seen)  # the streams were used, in the capture too
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for seed in (1, 2):
+        x.copy_(torch.randn_like(x))
+        torch.manual_seed(seed)  # a replay draws from the generator's seed and offset at replay time
+        graph.replay()
+        eager.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        want = step(eager)
+        torch.cuda.synchronize()
+        for a, b in zip(results, want, strict=True):
+            assert_close(a, b, **tol)
+        for p, q in zip(module.parameters(), eager.parameters(), strict=True):
+            assert_close(p.grad, q.grad, **tol)
+
+
+def test_captured_steps_of_a_wavefront_stack_train_as_eager_steps(monkeypatch):
+    """The captured training step (CapturedStep: clipping, the non-finite guard, fused AdamW) of a 3-layer stack
+    at width 256, which runs as a wavefront on its layer streams in the capture too: the eager losses and
+    weights (dropout's draws included)."""
+    seen = _spy_streams(monkeypatch, bidirectional=False)
+    batches = [Batch(torch.randint(0, 11, (12, 4), device="cuda"), None, torch.randint(0, 11, (12, 4), device="cuda"))
+               for _ in range(6)]
+    eager_losses, eager_weights, _ = _train("lstm", "cuda", batches, captured=False, hidden_size=256, num_layers=3)
+    losses, weights, runner = _train("lstm", "cuda", batches, captured=True, hidden_size=256, num_layers=3)
+    assert runner.replays == 6 and (True, True) in seen and all(used for _, used in seen)
+    assert_close(losses, eager_losses, rtol=1e-4, atol=1e-5)
+    for a, b in zip(weights, eager_weights):
+        assert_close(a, b, rtol=1e-4, atol=WEIGHT_ATOL)

@@ -11,10 +11,10 @@ _KEPT: dict[torch.device, list[torch.cuda.Stream]] = {}
 
 def streams_usable(x: Tensor) -> bool:
     """Whether work over x may go to extra streams: x on a GPU, and no torch.compile, torch.export or
-    torch.jit.trace tracing and no CUDA graph capture under way (the captured training step runs one stream, as it
-    was measured and tested)."""
-    return not (x.device.type != "cuda" or torch.compiler.is_compiling() or torch.jit.is_tracing()
-                or torch.cuda.is_current_stream_capturing())
+    torch.jit.trace tracing under way. Inside a CUDA graph capture (the captured training step) too: a stream
+    that waits on the capturing one joins the capture, its kernels become a branch of the graph, and its
+    allocations go to the graph's pool (the kept streams are made by the eager warm-up before a capture)."""
+    return not (x.device.type != "cuda" or torch.compiler.is_compiling() or torch.jit.is_tracing())
 
 
 def kept_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
