@@ -2,16 +2,18 @@
 CUDA-event medians after warm-up, alternated twice. The directions of a bidirectional layer on two streams
 (lltm_train/nn/rnn.py, _side_stream) and the wavefront of one-direction stacks (lltm_train/nn/_wavefront.py,
 layer_streams; on main since session 25, which timed it as a patch).
-    python stack_timing.py OUT.jsonl [cell:H:B:T:layers:bi:dtype,...] [--captured]
+    python stack_timing.py OUT.jsonl [cell:H:B:T:layers:bi:dtype,...] [--captured] [--min-width=N]
 Default: gpu-S sizes (B 32, T 512, I 64) at H 128 and 512, 3 layers and 2 layers bidirectional, GRU and LSTM.
 --captured: each forward + backward captured once in a CUDA graph (as the captured training step does) and its
-replays timed, so that no host time counts (a row's "captured": true)."""
+replays timed, so that no host time counts (a row's "captured": true).
+--min-width=N: the wavefront from width N a head (lltm_train.nn._wavefront.MIN_WIDTH; a row's "min_width")."""
 import json
 import statistics
 import sys
 
 import torch
 
+import lltm_train.nn._wavefront as wavefront
 import lltm_train.nn.rnn as rnn
 from lltm_train.nn import recurrent_layers
 
@@ -54,7 +56,10 @@ def captured(step):
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--captured"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for a in sys.argv[1:]:
+        if a.startswith("--min-width="):
+            wavefront.MIN_WIDTH = int(a.split("=")[1])
     capture = captured if "--captured" in sys.argv else (lambda step: step)
     out = open(args[0], "a")
     for spec in (args[1] if len(args) > 1 else DEFAULT).split(","):
@@ -75,7 +80,8 @@ if __name__ == "__main__":
             o.backward(g)
 
         row = {"cell": cell, "H": H, "B": B, "T": T, "layers": L, "bidirectional": bi, "dtype": str(dt)[6:],
-               "captured": capture is captured, "M_tok_s": {}}
+               "captured": capture is captured,
+               "min_width": wavefront.MIN_WIDTH, "M_tok_s": {}}
         for label, patch in (("streams", MANY), ("one stream", ONE)) * 2:
             for name, fn in patch.items():
                 setattr(rnn, name, fn)
