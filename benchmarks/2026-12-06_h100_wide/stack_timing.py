@@ -41,8 +41,15 @@ def tokens_per_s(step, T, B):
     return T * B / statistics.median(times)
 
 
+POOL_MIB = []  # the memory each capture reserved (its graph's private pool), MiB
+
+
 def captured(step):
-    """step's work captured in a CUDA graph after an eager warm-up on a side stream: its replay."""
+    """step's work captured in a CUDA graph after an eager warm-up on a side stream: its replay (the memory the
+    capture reserved appended to POOL_MIB)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -52,6 +59,7 @@ def captured(step):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    POOL_MIB.append(round((torch.cuda.memory_reserved() - reserved) / 2**20, 1))
     return graph.replay
 
 
@@ -86,6 +94,8 @@ if __name__ == "__main__":
             for name, fn in patch.items():
                 setattr(rnn, name, fn)
             row["M_tok_s"].setdefault(label, []).append(round(tokens_per_s(capture(ours), T, B) / 1e6, 3))
+            if POOL_MIB:  # the warm-up's and the graph's memory, reserved by this capture
+                row.setdefault("capture_reserved_MiB", {}).setdefault(label, []).append(POOL_MIB.pop())
         for name, fn in MANY.items():
             setattr(rnn, name, fn)
         try:
