@@ -155,7 +155,7 @@ template <typename Cell>
 Tensor check_zoneout(const std::string& op, const OptTensor& zoneout, const Sizes& s, const Tensor& input) {
   if (!zoneout.has_value()) return Tensor();
   TORCH_CHECK(Cell::kZoneout, op + ": the " + Cell::kName + " cell takes no zoneout (its states are not "
-                              "kept by halves); pass zoneout=None");
+                              "kept in part); pass zoneout=None");
   constexpr int S = Cell::kHasCell ? 2 : 1;
   check_shape(op, "zoneout", *zoneout, {s.T, s.B, S * s.H},
               std::string("(T, B, ") + (S == 2 ? "2 * " : "") + "hidden_size)");

@@ -63,7 +63,8 @@ def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple
         return (zeros,) * len(spec.states)
     if not isinstance(hx, (tuple, list)) or len(hx) != len(spec.states):
         want = f"a tuple ({', '.join(spec.states)}) of {len(spec.states)} tensors" if spec.has_cell_state else "a tensor h"
-        raise TypeError(f"{op}: hx must be {want} or None, got {type(hx).__name__}")
+        got = f"{type(hx).__name__} of {len(hx)}" if isinstance(hx, (tuple, list)) else type(hx).__name__
+        raise TypeError(f"{op}: hx must be {want} or None, got {got}")
     return tuple(hx)
 
 
@@ -315,9 +316,11 @@ def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None
     cell's conventions, and document it; ValueError for an unknown cell.
 
     ``zoneout``: None, or the zoneout factors (T, B, S * hidden_size) of the S states (h, then c), input's
-    dtype and device, each in [0, 1] (1 keeps the unit's previous value): after every step each state is
-    ``torch.lerp(new, previous, factor)`` (:mod:`lltm_train.ops.reference`; Krueger et al. 2017). The factors
-    get no gradient. Not with ``backend="torch"`` (ValueError).
+    dtype and device: after every step each state is ``torch.lerp(new, previous, factor)``
+    (:mod:`lltm_train.ops.reference`; Krueger et al. 2017), so 1 keeps the unit's previous value and 0 takes the
+    new one (Bernoulli draws in training; the keep probability for the expectation). The values are not checked
+    (that would cost a GPU a host sync a call): outside [0, 1] the lerp extrapolates. The factors get no
+    gradient. Not with ``backend="torch"`` (ValueError).
 
     ``num_heads``: the recurrence in NH independent heads, ``weight_hh`` (G * hidden_size, hidden_size / NH) in
     the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. The ``cpp`` kernels run each

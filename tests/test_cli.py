@@ -58,6 +58,7 @@ BAD = [
     (["model.forget_bias=1.0"], "forget_bias is for cells with a forget gate (lstm, slstm); the lltm cell has none"),
     (["model.cell=lstm", "model.forget_bias=abc"], "model.forget_bias: expected float | None, got 'abc' (str)"),
     (["model.weight_drop=1"], "weight_drop must be below 1"),
+    (["model.zoneout=[1,1]"], "zoneout's probabilities must be below 1"),
     (["dataset=shakespeare", "model.sample_temperature=0"], "sample_temperature must be a positive number, got 0"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval must be positive, got 0"),
     (["trainer.precision=16-true"], "use 16-mixed or bf16-mixed"),

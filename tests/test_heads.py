@@ -301,9 +301,14 @@ def test_per_cell_functions_take_num_heads():
 
 
 def test_a_state_dict_of_other_heads_is_named_as_such():
-    with pytest.raises(RuntimeError, match=r"weight_hh_l0 is \(32, 4\) in the state dict: the blocks of num_heads=2; "
-                                           r"this LSTM has num_heads=1"):
+    with pytest.raises(RuntimeError, match=r"weight_hh_l0 is \(32, 4\) in the state dict: if it holds this module's cell "
+                                           r"\(LSTM, hidden_size 8\), those are the blocks of num_heads=2; this one has "
+                                           r"num_heads=1 \(\(32, 8\)\): build it with the saved model's cell and num_heads"):
         fused.LSTM(5, 8).load_state_dict(fused.LSTM(5, 8, num_heads=2).state_dict())
+    # shapes alone cannot tell the cell (a GRU's 3 gates of 8 units have the rows of an LSTM's 4 of 6): the hint is
+    # conditional, never an instruction to load another cell's weights
+    with pytest.raises(RuntimeError, match=r"if it holds this module's cell \(LSTM, hidden_size 6\)"):
+        fused.LSTM(4, 6).load_state_dict(fused.GRU(4, 8, num_heads=4).state_dict())
 
 
 @pytest.mark.parametrize("bad", [True, 1.0, 0])

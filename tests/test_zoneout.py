@@ -187,5 +187,33 @@ def test_zoneout_settings_are_checked():
     with pytest.raises(ValueError, match="backend=torch .* has none"):
         recurrent_layer("lstm", 3, 4, backend="torch", zoneout=0.1)
     assert fused.GRU(3, 4, zoneout=0.2).zoneout == (0.2, 0.2)
+    for one in (1.0, [1, 0.1], [0.0, 1]):  # a state that never leaves its initial value: refused, as weight_drop=1
+        with pytest.raises(ValueError, match="zoneout's probabilities must be below 1"):
+            fused.LSTM(3, 4, zoneout=one)
+
+
+def test_zoneout_and_weight_drop_set_after_construction_are_checked_and_used():
+    x = torch.randn(6, 2, 3, dtype=torch.float64)
+    layer = fused.LSTM(3, 4, backend="python", dtype=torch.float64)
+    layer.zoneout, layer.weight_drop = 0.2, 0.3  # one number for both states, as the constructor takes
+    assert layer.zoneout == (0.2, 0.2) and layer.weight_drop == 0.3
+    built = fused.LSTM(3, 4, backend="python", dtype=torch.float64, zoneout=0.2, weight_drop=0.3)
+    built.load_state_dict(layer.state_dict())
+    outputs = []
+    for m in (layer, built):
+        torch.manual_seed(5)
+        outputs.append(m(x)[0])
+    assert_close(outputs[0], outputs[1], **F64)
+    assert not torch.allclose(outputs[0], layer.eval()(x)[0])  # the draws acted: evaluation has none
+    layer.train()
+    for name, bad, message in (("zoneout", (1.5, 1.5), "zoneout's cell probability must be a number in"),
+                               ("zoneout", 1.0, "zoneout's probabilities must be below 1"),
+                               ("weight_drop", 1.0, "weight_drop must be below 1"),
+                               ("weight_drop", float("nan"), "weight_drop must be a number")):
+        with pytest.raises(ValueError, match=message):
+            setattr(layer, name, bad)
+    assert layer.zoneout == (0.2, 0.2) and layer.weight_drop == 0.3  # a refused value changes nothing
+    with pytest.raises(ValueError, match="the sLSTM takes no zoneout"):
+        fused.SLSTM(3, 4).zoneout = 0.1
     layer = recurrent_layer("lstm", 3, 4, backend="torch", zoneout=[0.0, 0.0])  # none asked: torch.nn's layer
     assert type(layer) is torch.nn.LSTM

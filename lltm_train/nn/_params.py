@@ -76,9 +76,12 @@ def explain_heads_mismatch(module: nn.Module, state_dict: dict, prefix: str, err
         if (name.startswith("weight_hh") and isinstance(theirs, torch.Tensor) and theirs.dim() == 2
                 and theirs.shape[0] == own.shape[0] and 0 < theirs.shape[1] != own.shape[1]
                 and module.hidden_size % theirs.shape[1] == 0):
-            error_msgs.append(f"{prefix}{name} is {tuple(theirs.shape)} in the state dict: the blocks of "
-                              f"num_heads={module.hidden_size // theirs.shape[1]}; this {type(module).__name__} has "
-                              f"num_heads={module.num_heads} ({tuple(own.shape)}): build it with the state dict's num_heads")
+            # (shapes alone cannot tell the cell: a GRU's 3 gates of 8 units have the rows of an LSTM's 4 of 6)
+            error_msgs.append(f"{prefix}{name} is {tuple(theirs.shape)} in the state dict: if it holds this module's "
+                              f"cell ({type(module).__name__}, hidden_size {module.hidden_size}), those are the blocks of "
+                              f"num_heads={module.hidden_size // theirs.shape[1]}; this one has "
+                              f"num_heads={module.num_heads} ({tuple(own.shape)}): build it with the saved model's cell "
+                              "and num_heads")
 
 
 def reset_uniform(module: nn.Module, hidden_size: int) -> None:

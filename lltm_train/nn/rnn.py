@@ -53,13 +53,7 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
             v.flag(owner, name, value)
         dropout = v.probability(owner, "dropout", dropout)
-        self.weight_drop = v.probability(owner, "weight_drop", weight_drop)
-        if self.weight_drop == 1:
-            raise ValueError(f"{owner}: weight_drop must be below 1 (1 would drop every recurrent weight)")
-        self.zoneout = _zoneout_pair(owner, zoneout)
-        if any(self.zoneout) and not self.cell.zoneout:
-            raise ValueError(f"{owner}: the {self.cell.title} takes no zoneout (its states {', '.join(self.cell.states)} "
-                             f"are not kept in part); got zoneout={zoneout!r}")
+        self.weight_drop, self.zoneout = weight_drop, zoneout  # (checked properties)
         self.num_heads = check_heads(owner, hidden_size, num_heads)
         if dropout > 0 and num_layers == 1:
             warnings.warn(f"{owner}: dropout acts between layers, so it does nothing with num_layers=1", stacklevel=2)
@@ -72,6 +66,32 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
             for suffix in self._suffixes(layer):
                 make_weights(self, self.cell, suffix, layer_input, hidden_size, bias, factory, num_heads)
         self.reset_parameters()
+
+    @property
+    def weight_drop(self) -> float:
+        """DropConnect's probability on the recurrent weights in training, in [0, 1) (checked when set)."""
+        return self._weight_drop
+
+    @weight_drop.setter
+    def weight_drop(self, value: float) -> None:
+        p = v.probability(type(self).__name__, "weight_drop", value)
+        if p == 1:
+            raise ValueError(f"{type(self).__name__}: weight_drop must be below 1 (1 would drop every recurrent weight)")
+        self._weight_drop = p
+
+    @property
+    def zoneout(self) -> tuple[float, float]:
+        """The (cell, hidden) zoneout probabilities, each in [0, 1); set from one number for both or a pair
+        (checked when set)."""
+        return self._zoneout
+
+    @zoneout.setter
+    def zoneout(self, value: float | Sequence[float]) -> None:
+        pair = _zoneout_pair(type(self).__name__, value)
+        if any(pair) and not self.cell.zoneout:
+            raise ValueError(f"{type(self).__name__}: the {self.cell.title} takes no zoneout (its states "
+                             f"{', '.join(self.cell.states)} are not kept in part); got zoneout={value!r}")
+        self._zoneout = pair
 
     @property
     def num_directions(self) -> int:
@@ -258,6 +278,9 @@ def _zoneout_pair(owner: str, zoneout) -> tuple[float, float]:
     if len(pair) != 2:
         raise ValueError(f"{owner}: zoneout must be a probability or a pair [cell, hidden], got {zoneout!r}")
     c, h = (v.probability(owner, f"zoneout's {name} probability", p) for name, p in zip(("cell", "hidden"), pair))
+    if max(c, h) == 1:  # (as weight_drop: the layer would never leave its initial state)
+        raise ValueError(f"{owner}: zoneout's probabilities must be below 1 (1 keeps a state at its initial value at "
+                         f"every step), got {zoneout!r}")
     return c, h
 
 
