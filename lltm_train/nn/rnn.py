@@ -370,7 +370,8 @@ class LLTM(RecurrentLayers):
             as they are. The masks come from PyTorch's default generator (saved in checkpoints).
         zoneout: zoneout of the states (Krueger et al. 2017, "Zoneout: Regularizing RNNs by Randomly Preserving
             Hidden Activations"), one probability for h and c or a pair ``(cell, hidden)`` (a cell without c uses
-            the hidden one): in training each unit of each state keeps its previous value at each step with that
+            the hidden one), each in [0, 1) (ValueError otherwise, also when set after construction): in
+            training each unit of each state keeps its previous value at each step with that
             probability (Bernoulli draws from the default generator); evaluation blends by the expectation,
             ``(1 - p) * new + p * previous``. Inside the fused kernels (:func:`lltm_train.functional.rnn_layer`'s
             ``zoneout``); not with ``backend="torch"``.
