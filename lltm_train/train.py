@@ -341,7 +341,10 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
         metrics["memory/peak_cuda_mib"] = throughput.last_figures["memory/peak_cuda_mib"]
     shown = ("train/loss", "memory/peak_cuda_mib", "val/", "test/")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    info("lltm-train: done. " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
+    figures = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
+    info("lltm-train: done. " + (figures or "No step trained and nothing measured: a resumed run whose checkpoint "
+                                 "had already reached trainer.max_steps (or max_epochs) trains nothing more; raise it "
+                                 "to train on")
          + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
          + (f"\n  best checkpoint: {best}" if best else "")
          + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"

@@ -184,6 +184,16 @@ def test_a_run_that_ends_between_validations_validates_its_last_step_as_any_othe
     assert "train/loss" in metrics and f"train/loss={metrics['train/loss']:.4g}" in done
 
 
+def test_resuming_a_finished_run_says_it_trained_nothing(tmp_path, caplog):
+    common = ["dataset=adding", *SMALL["adding"], "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    train(make_cfg(tmp_path, *common))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="lltm_train"):
+        metrics = train(make_cfg(tmp_path, *common, "ckpt_path=last"))
+    done = next(r.getMessage() for r in caplog.records if "lltm-train: done." in r.getMessage())
+    assert "train/loss" not in metrics and "No step trained" in done and "raise it to train on" in done
+
+
 def test_test_split_is_evaluated_with_the_best_checkpoint_even_when_it_is_gone(tmp_path, caplog):
     common = ["dataset=adding", *SMALL["adding"], "dataset.test_size=16", "trainer.max_steps=4", "trainer.val_check_interval=2",
               "test=true"]
