@@ -73,9 +73,11 @@ def read_checkpoint(path: Path) -> dict:
     """The checkpoint's contents, tensors mapped from the file rather than read.
 
     Raises:
-        ConfigError: one line naming the file: unreadable (truncated, damaged, not written by torch.save)
-            or not a Lightning checkpoint.
+        ConfigError: one line naming the file: missing, a folder, unreadable (truncated, damaged, not written by
+            torch.save) or not a Lightning checkpoint.
     """
+    if not Path(path).is_file():
+        raise ConfigError(f"no such checkpoint file: {path}" + (" (a folder)" if Path(path).is_dir() else ""))
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from .checkpoint_io import CheckpointWriteError
-from .config import ConfigError, cell_backends, config_dir, hydra_value
+from .config import ConfigError, cell_backends, close_setting, config_dir, hydra_value
 from .console import quiet_upstream_warnings, route_warnings
 from .metric_names import higher_is_better
 from .report import short_number
@@ -247,6 +247,12 @@ def one_line(exc: BaseException) -> str:
             parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
         else:
             parts.append(line)
+    mistyped = re.fullmatch(r"Could not override '([^']+)'\.", parts[0]) if parts else None
+    if mistyped:  # Hydra's unknown key: its sentence's "." dropped before "; ", and the nearest known key
+        parts[0] = parts[0][:-1]
+        near = close_setting(mistyped.group(1))
+        if near and near != mistyped.group(1):
+            parts.append(f"did you mean {near}?")
     return "; ".join(parts)
 
 

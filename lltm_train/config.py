@@ -178,6 +178,27 @@ def known_top_level_keys() -> set[str]:
     return (set(primary.keys()) - {"defaults", "hydra"}) | groups
 
 
+def close_setting(key: str) -> str | None:
+    """The known setting nearest a mistyped ``key`` (``model.cel`` -> ``model.cell``), or None: for ``group.name``
+    the keys of that config group's options (conf/<group>/*.yaml and their nested groups), else the top-level
+    keys. A hint for Hydra's "Could not override" error."""
+    import difflib
+
+    head, _, rest = key.lstrip("+~").partition(".")
+    if not rest:
+        candidates, prefix = known_top_level_keys(), ""
+    elif (config_dir() / head).is_dir() and "." not in rest:
+        candidates, prefix = set(), head + "."
+        for path in (config_dir() / head).rglob("*.yaml"):
+            node = OmegaConf.load(path)
+            if isinstance(node, DictConfig):
+                candidates |= {k for k in node.keys() if k != "defaults"}
+    else:
+        return None
+    match = difflib.get_close_matches(rest or head, sorted(candidates), n=1, cutoff=0.6)
+    return prefix + match[0] if match else None
+
+
 def check_config(cfg: DictConfig) -> None:
     """Checks every instantiable node against its target's signature, and the primary config's plain values.
 

@@ -45,7 +45,10 @@ BAD = [
     (["trainer.precision=8-bit"], "trainer.precision: expected"),
     (["dataset=text"], "missing value for dataset.path"),
     (["dataset=text", "dataset.path=no/such/file.txt"], "no such text file: "),
-    (["dataset.no_such_option=1"], "Could not override 'dataset.no_such_option'"),
+    (["dataset.no_such_option=1"], "Could not override 'dataset.no_such_option'; To append"),
+    (["model.cel=lstm"], "Could not override 'model.cel'; To append to your config use +model.cel=lstm; "
+                         "did you mean model.cell?"),
+    (["trainer.max_step=5"], "did you mean trainer.max_steps?"),
     (["+dataset.no_such_option=1"], "dataset.no_such_option: lltm_train.data.AddingDataModule takes no argument 'no_such_option'"),
     (["backend=cuda"], "backend=cuda" if torch.cuda.is_available() else "backend=cuda needs a CUDA device and none is visible"),
     (["ckpt_path=last"], "ckpt_path=last: no checkpoint in"),

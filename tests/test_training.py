@@ -301,6 +301,12 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
         build(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))
+    from lltm_train.checkpoints import read_checkpoint  # as lltm-evaluate / lltm-export read one
+
+    with pytest.raises(ConfigError, match=r"^no such checkpoint file: .*gone\.ckpt$"):
+        read_checkpoint(tmp_path / "gone.ckpt")
+    with pytest.raises(ConfigError, match=r"^no such checkpoint file: .*checkpoints \(a folder\)$"):
+        read_checkpoint(tmp_path / "a" / "checkpoints")
 
 
 DIVERGING = ["dataset=shakespeare", "dataset.seq_len=32", "dataset.batch_size=16", "model.hidden_size=32",
