@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,7 +292,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def _fit_and_test(cfg: DictConfig, datamodule, task: RecurrentTask, trainer: L.Trainer, ckpt: str | None,
                   output_dir: Path) -> None:
-    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
+    with warnings.catch_warnings():
+        if ckpt is not None:  # a resume writes into its own checkpoints: Lightning's warning says nothing new
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt)
     if ckpt is not None and task.clock.this_run(trainer.global_step)[0] == 0 and not trainer.interrupted:
         # A resume with nothing left to train (max_steps reached, the time budget spent): its checkpoint and
         # curves stay as the run left them (rewriting last.ckpt would move the loggers' step back once more).
@@ -342,9 +346,7 @@ def _report(trainer: L.Trainer, metrics: dict[str, float], output_dir: Path) -> 
     shown = ("train/loss", "memory/peak_cuda_mib", "val/", "test/")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     figures = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(shown))
-    info("lltm-train: done. " + (figures or "No step trained and nothing measured: a resumed run whose checkpoint "
-                                 "had already reached trainer.max_steps (or max_epochs) trains nothing more; raise it "
-                                 "to train on")
+    info("lltm-train: done" + (f". {figures}" if figures else " (no step trained, nothing measured)")
          + (f"\n  training throughput: {average:,.0f} tokens/s (average over the run)" if average else "")
          + (f"\n  best checkpoint: {best}" if best else "")
          + (f"\n  TensorBoard: tensorboard --logdir {output_dir}"
