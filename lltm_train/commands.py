@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError
-from .console import NoTips
+from .console import NoTips, help_text
 from .run_files import config_record, run_dir_of
 
 
@@ -22,13 +22,13 @@ def generate_main(argv: list[str] | None = None) -> None:
     """Samples text after a prompt from a text model's checkpoint (any backend, any device)."""
     from .inference import encode_prompt, load_task, sample, vocabulary
 
-    parser = argparse.ArgumentParser(prog="lltm-generate", description=generate_main.__doc__)
-    parser.add_argument("checkpoint")
+    parser = argparse.ArgumentParser(prog="lltm-generate", description=help_text(generate_main.__doc__))
+    parser.add_argument("checkpoint", help="a text model's checkpoint, e.g. outputs/.../checkpoints/last.ckpt")
     parser.add_argument("--prompt", default="\n", help="text to start from (every character must be in the vocabulary)")
     parser.add_argument("--length", type=int, default=500, help="characters to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (> 0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest characters only")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the sampling's random seed (the same seed, the same text)")
     parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (models of a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     a = parser.parse_args(argv)
@@ -55,8 +55,8 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     from .inference import load_task
 
     quiet_upstream_warnings()
-    parser = argparse.ArgumentParser(prog="lltm-evaluate", description=evaluate_main.__doc__)
-    parser.add_argument("checkpoint")
+    parser = argparse.ArgumentParser(prog="lltm-evaluate", description=help_text(evaluate_main.__doc__))
+    parser.add_argument("checkpoint", help="a checkpoint of a training run, e.g. outputs/.../checkpoints/last.ckpt")
     parser.add_argument("--split", choices=("test", "val"), default="test")
     parser.add_argument("--backend", default="auto", help="auto, python, cpp, cuda, or torch (models of a cell PyTorch has: lstm, gru, rnn, rnn_relu)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")

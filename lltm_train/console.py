@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 from tqdm import tqdm
@@ -36,6 +37,12 @@ class ConsoleHandler(logging.StreamHandler):
             raise
         except Exception:  # noqa: BLE001 - as logging.StreamHandler: a failed write is reported, not raised
             self.handleError(record)
+
+
+def help_text(doc: str) -> str:
+    """A docstring as a command's ``--help`` text: reStructuredText's inline literals and roles as plain text
+    (````lltm-export```` -> lltm-export, ``:func:`sample``` -> sample)."""
+    return re.sub(r"(?::\w+:)?`{1,2}([^`]+)`{1,2}", r"\1", doc)
 
 
 def quiet_upstream_warnings() -> None:

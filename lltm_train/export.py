@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .console import quiet_upstream_warnings
+from .console import help_text, quiet_upstream_warnings
 from .nn import RecurrentLayers
 
 FORMATS = ("aoti", "exported", "torchscript")
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     from .config import ConfigError, missing_compiler
     from .inference import load_task, vocabulary
 
-    parser = argparse.ArgumentParser(prog="lltm-export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lltm-export", description=help_text(__doc__.split("\n\n")[0]))
     parser.add_argument("checkpoint", help="a checkpoint of a text (or copy) model, e.g. outputs/.../checkpoints/last.ckpt")
     parser.add_argument("out", help="the file to write (.pt2 for aoti and exported)")
     parser.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 from hydra.experimental.callback import Callback
 
+from .console import help_text
 from .metric_names import HIGHER_IS_BETTER, higher_is_better
 from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV,
                         TENSORBOARD, config_record, overrides_record)
@@ -592,7 +593,7 @@ class ReportCallback(Callback):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="lltm-report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lltm-report", description=help_text(__doc__.split("\n\n")[0]))
     parser.add_argument("dir", help="a run folder, or a sweep's folder (multirun/<date_time>)")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: DIR)")
     parser.add_argument("--metric", help="the validation metric to rank by: lower is better, except for "

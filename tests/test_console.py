@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
 from tqdm import tqdm
@@ -141,3 +142,20 @@ def test_the_command_names_the_csv_file_and_prints_no_upstream_noise(tmp_path):
     assert any(re.match(r"epoch 1: 100%.*\| 9/9 \[", line) for line in lines)  # 6 batches an epoch: the run's count
     noise = [line for line in lines if "Tip:" in line or "LeafSpec" in line or "deprecated" in line]
     assert not noise
+
+
+@pytest.mark.parametrize("entry", ["lltm_train.bench:main", "lltm_train.export:main", "lltm_train.report:main",
+                                   "lltm_train.commands:generate_main", "lltm_train.commands:evaluate_main"])
+def test_the_tools_help_is_plain_text_and_names_every_argument(entry, capsys):
+    """``--help`` of each console script (pyproject.toml): the docstring without reStructuredText's markup, and a
+    line of help for the checkpoint argument where there is one."""
+    import importlib
+
+    module, name = entry.split(":")
+    with pytest.raises(SystemExit) as done:
+        getattr(importlib.import_module(module), name)(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert "``" not in shown and ":func:" not in shown and ":class:" not in shown, shown
+    if "checkpoint" in shown.split("options:")[0]:
+        assert re.search(r"\n  checkpoint\s+\S", shown), shown  # a help text beside it

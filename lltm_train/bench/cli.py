@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ..console import help_text
 from ..host_memory import keep_freed_memory
 from ..ops.cells import CELLS
 from .best import run_best
@@ -52,7 +53,7 @@ from .training import run_training
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="lltm-bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lltm-bench", description=help_text(__doc__.split("\n\n")[0]))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)} (default: by device)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "best"], default="float32",
