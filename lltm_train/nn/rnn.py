@@ -20,9 +20,9 @@ from ..ops.cells import LLTM as LLTM_CELL
 from ..ops.cells import LSTM as LSTM_CELL
 from ..ops.cells import RNN_TANH, CellSpec
 from ..ops.cells import SLSTM as SLSTM_CELL
+from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from ._streams import kept_streams, streams_usable
 from ._wavefront import layer_streams, wavefront
-from ._params import BackendMixin, CellMixin, check_heads, explain_heads_mismatch, make_weights, reset_uniform
 from .cell import rnn_cell_spec
 
 
