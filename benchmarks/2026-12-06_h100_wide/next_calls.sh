@@ -16,7 +16,8 @@
 #              the 16-bit CUDA tests on "both"
 #   smnist:    issue 40: experiment=smnist_pixels alone on the GPU for EPOCHS epochs (default 250; 150 reached 98.65%,
 #              best validation at epoch 116; alone it trains about 1.6 s an epoch), its CSV metrics into $OUT
-#   suite:     the extension's build, then the whole suite as a user runs it (scripts/test.sh -n 12), SUITE_LIMIT s
+#   suite:     the extension's build, then the whole suite, -m SUITE_MARKERS (default 'cuda or not slow': the sanitizer
+#              too, which alone fills most of a call), SUITE_LIMIT s
 #   wave128:   stack_timing.py at width 128 (3 and 2 one-direction layers) with the wavefront from width 128 (today's rule:
 #              from 256), captured and eager: issue 38's GRU 3 layers (1.05x cuDNN, captured, layer by layer)
 #   smnist_pair: two pixel sMNIST runs at once for EPOCHS epochs (default 190), VARIANTS="overrides A|overrides B"
@@ -86,7 +87,8 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     cp /tmp/smnist/csv/metrics.csv "$OUT/smnist_metrics.csv" ;;
   suite)  # the extension built first (about 2 minutes on a fresh machine), so the suite's limit is the tests' own
     python3 -c "$BUILD" > "$OUT/suite_gpu.log" 2>&1
-    LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider 2>&1 | tr '\r' '\n' \
+    LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
+      -m "${SUITE_MARKERS:-cuda or not slow}" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s" >> "$OUT/suite_gpu.log"; echo "suite exit ${PIPESTATUS[0]}" >> "$OUT/suite_gpu.log" ;;
   wave128)  # the wavefront at width 128 inside a capture (no host time per piece), against layer by layer
     python3 -c "$BUILD" > "$OUT/wave128.log" 2>&1
