@@ -448,8 +448,9 @@ def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> 
     rows.sort(key=lambda row: (row["status"] != "finished" or row[key] is None, row[key] is None,
                                sign * row[key] if row[key] is not None else 0))
     ranked = [row for row in rows if row["status"] == "finished" and row[key] is not None]
-    for rank, row in enumerate(ranked, 1):
-        row["rank"] = rank
+    for place, row in enumerate(ranked, 1):  # equal values share a rank, the next one skips (1, 1, 3)
+        tied = place > 1 and row[key] == ranked[place - 2][key]
+        row["rank"] = ranked[place - 2]["rank"] if tied else place
     return rows
 
 

@@ -92,6 +92,32 @@ def test_with_a_time_budget_the_bar_counts_seconds_and_shows_the_step(tmp_path):
     assert any(isinstance(c, Timer) for c in trainer.callbacks)
 
 
+class LogsThroughput(L.Callback):
+    """Logs a throughput of 46,549.4 tokens/s on the bar, then 123,456.7 (as the Throughput callback would)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        pl_module.log("tok/s", 46549.4 if trainer.global_step < 3 else 123456.7, prog_bar=True, logger=False)
+
+
+def test_the_bars_tokens_per_second_keep_one_format(tmp_path):
+    # tqdm writes a float in whichever of "%.3g" and str() is shorter: the field jumped between 4.65e+4 and 46549.35
+    shown = []
+
+    class Recorder(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            shown.append(bar.get_metrics(trainer, pl_module)["tok/s"])
+
+    bar = RunProgressBar(refresh_rate=1)
+    task = ClassificationTask(2, 3, hidden_size=4, num_layers=1, dropout=0.0, bidirectional=False, cell="lltm",
+                              backend="cpp")
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, limit_val_batches=0,
+                        enable_model_summary=False, callbacks=[bar, LogsThroughput(), Recorder()],
+                        default_root_dir=tmp_path, max_steps=5)
+    trainer.fit(task, datamodule=Fixed())
+    assert shown == ["46,549"] * 2 + ["123,457"] * 3  # steps 1 and 2, then 3 to 5
+    assert "tok/s=123,457" in bar.train_progress_bar.postfix
+
+
 def test_a_logged_line_gets_its_own_line_beside_a_bar_and_tips_are_dropped():
     stream = io.StringIO()
     log = logging.getLogger("test_console")

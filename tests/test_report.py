@@ -136,6 +136,13 @@ def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_pa
     assert [r["rank"] for r in summarise(runs, "val/loss")] == [None] * 4  # no run logged it
 
 
+def test_runs_with_equal_values_share_a_rank_and_the_next_rank_skips(tmp_path):
+    runs = [Run(tmp_path / name, curves={"val/loss": [(1, 0.0, value)]})
+            for name, value in (("a", 2.5), ("b", 1.25), ("c", 1.25), ("d", 3.0), ("e", 2.5))]
+    rows = summarise(runs, "val/loss")
+    assert [(Path(r["run"]).name, r["rank"]) for r in rows] == [("b", 1), ("c", 1), ("a", 3), ("e", 3), ("d", 5)]
+
+
 def _finished_run(tmp_path_factory, name: str, run_dir: str, overrides: list[str]) -> Path:
     folder = tmp_path_factory.mktemp(name)
     result = run(folder, *overrides, f"hydra.run.dir={run_dir}")
@@ -190,7 +197,7 @@ def test_without_flags_the_report_ranks_by_the_runs_optimized_metric(tmp_path, l
     bpc = [v for _, _, v in read_run(lm).curve("val/bpc")]
     rows, md = _report_rows(tmp_path / "lm")
     assert "Ranked by the final val/bpc (lower is better" in md and "| final val/bpc |" in md
-    assert [float(r["final"]) for r in rows] == pytest.approx([bpc[-1]] * 2) and [r["rank"] for r in rows] == ["1", "2"]
+    assert [float(r["final"]) for r in rows] == pytest.approx([bpc[-1]] * 2) and [r["rank"] for r in rows] == ["1", "1"]
     rows, md = _report_rows(tmp_path / "lm", "--metric", "val/loss")
     assert "Ranked by the final val/loss" in md
     assert float(rows[0]["final"]) == pytest.approx(bpc[-1] * math.log(2), rel=1e-5)
@@ -213,7 +220,7 @@ def test_runs_with_different_optimized_metrics_are_ranked_by_the_most_common_wit
             "common (--metric picks another)")
     assert [line for line in capsys.readouterr().err.splitlines() if "note:" in line] == [f"lltm-report: note: {note}"]
     assert "The r" + note[5:] + "." in md
-    assert [(r["run"], r["rank"]) for r in rows] == [("0_a", "1"), ("1_b", "2"), ("2_regression", "")]  # no val/bpc
+    assert [(r["run"], r["rank"]) for r in rows] == [("0_a", "1"), ("1_b", "1"), ("2_regression", "")]  # a tie; no val/bpc
     report_main([str(tmp_path), "--metric", "val/loss"])
     assert "note:" not in capsys.readouterr().err
 

@@ -60,6 +60,8 @@ class RunProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = super().get_metrics(trainer, pl_module)
+        if isinstance(metrics.get("tok/s"), (int, float)):  # tqdm would switch between 4.65e+04 and 46549.1
+            metrics["tok/s"] = f"{metrics['tok/s']:,.0f}"
         return {"step": trainer.global_step, **metrics} if self._timer is not None else metrics
 
     def _draw(self, trainer, pl_module) -> None:
