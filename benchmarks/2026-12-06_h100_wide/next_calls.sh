@@ -9,13 +9,14 @@
 #   best:      the status table's run (lltm-bench --dtype best at gpu-S..XL, every fused cell against cuDNN's fastest
 #              dtype): issue 38's gpu-S (LLTM >= 1.3x the best of cuDNN's LSTM and GRU) and gpu-XL targets, with the SFU
 #              math now in every 16-bit kernel
-#   profile:   kernel_profile.py at FlashRNN's width (every kernel of a forward + backward and the idle time between
+#   profile:   kernel_profile.py at FlashRNN's width and psMNIST's shape at B 128 and 32 (every kernel of a forward + backward and the idle time between
 #              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768)
 #   prefetch:  ../2026-12-06_h100_s25/next_prefetch_{forward,both}.patch (the wide kernels' next-step loads a whole step
 #              ahead) timed beside this tree (kernel_profile.py, passes main, forward, both, both, forward, main), then
 #              the 16-bit CUDA tests on "both"
 #   smnist:    issue 40: experiment=smnist_pixels alone on the GPU for EPOCHS epochs (default 250; 150 reached 98.65%,
 #              best validation at epoch 116; alone it trains about 1.6 s an epoch), its CSV metrics into $OUT
+#   cuda:      the extension's build, then every CUDA test (-m cuda), the sanitizer's runs beside the others
 #   suite:     the extension's build, then the whole suite, -m SUITE_MARKERS (default 'cuda or not slow': the sanitizer
 #              too, which alone fills most of a call), SUITE_LIMIT s
 #   wave128:   stack_timing.py at width 128 (3 and 2 one-direction layers) with the wavefront from width 128 (today's rule:
@@ -61,7 +62,7 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       2>&1 | grep -v "it/s" >> "$OUT/best.log" ;;
   profile)
     python3 -c "$BUILD" > "$OUT/profile.log" 2>&1
-    python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" lstm:768:16:fp16,slstm:768:16:bf16,lstm:1024:16:fp16,lstm:512:32:bf16 \
+    python3 "$HERE/kernel_profile.py" "$OUT/profile.jsonl" lstm:768:16:fp16,slstm:768:16:bf16,lstm:1024:16:fp16,lstm:512:32:bf16,lstm:128:128:bf16:784:1,lstm:128:32:bf16:784:1 \
       > /dev/null 2>> "$OUT/profile.log" ;;
   prefetch)
     S25=$HERE/../2026-12-06_h100_s25
@@ -90,6 +91,15 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
       -m "${SUITE_MARKERS:-cuda or not slow}" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s" >> "$OUT/suite_gpu.log"; echo "suite exit ${PIPESTATUS[0]}" >> "$OUT/suite_gpu.log" ;;
+  cuda)  # every CUDA test in one call: the sanitizer's 15 (slow) on 8 workers beside the others on 7 (the CPU tests
+    # passed on the GPU at ab95e86; the CUDA half of the closing rule's suite, about 7 minutes with the build)
+    python3 -c "$BUILD" > "$OUT/cuda_suite.log" 2>&1
+    (LLTM_PYTHON=python3 timeout "${SAN_LIMIT:-420}" scripts/test.sh -n 8 -v -p no:cacheprovider -m 'cuda and slow' 2>&1 \
+      | tr '\r' '\n' | grep --line-buffered -E "PASSED|FAILED|ERROR|passed|failed|error" > "$OUT/sanitizer.log"
+     echo "sanitizer exit ${PIPESTATUS[0]}" >> "$OUT/sanitizer.log") &
+    LLTM_PYTHON=python3 timeout "${CUDA_LIMIT:-420}" scripts/test.sh -n 7 -q -p no:cacheprovider -m 'cuda and not slow' \
+      2>&1 | tr '\r' '\n' | grep -v "it/s" >> "$OUT/cuda_suite.log"; echo "cuda suite exit ${PIPESTATUS[0]}" >> "$OUT/cuda_suite.log"
+    wait ;;
   wave128)  # the wavefront at width 128 inside a capture (no host time per piece), against layer by layer
     python3 -c "$BUILD" > "$OUT/wave128.log" 2>&1
     SPECS=gru:128:32:512:3:0:bf16,gru:128:32:512:3:0:fp32,lstm:128:32:512:3:0:bf16,gru:128:32:512:2:0:bf16
@@ -124,5 +134,6 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     echo '{"tree": "patched"}' >> "$OUT/captured.jsonl"
     python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured > /dev/null 2>> "$OUT/captured.log"
     patch -s -R -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch" ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist or captured" >&2; exit 2 ;;
+  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist, cuda, suite, wave128," \
+       "smnist_pair or captured" >&2; exit 2 ;;
 esac
