@@ -9,8 +9,9 @@
 #   best:      the status table's run (lltm-bench --dtype best at gpu-S..XL, every fused cell against cuDNN's fastest
 #              dtype): issue 38's gpu-S (LLTM >= 1.3x the best of cuDNN's LSTM and GRU) and gpu-XL targets, with the SFU
 #              math now in every 16-bit kernel
-#   profile:   kernel_profile.py at FlashRNN's width and psMNIST's shape at B 128 and 32 (every kernel of a forward + backward and the idle time between
-#              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768)
+#   profile:   kernel_profile.py at FlashRNN's width (every kernel of a forward + backward and the idle time between
+#              them: where the 0.8 ms beside the two recurrence kernels goes, issue 38's 1.3x at H 768), and at psMNIST's
+#              shape, B 128 and 32 (issue 40's cuDNN 2x: a step of B 128 cost about 1.2x one of B 32 per time step)
 #   prefetch:  ../2026-12-06_h100_s25/next_prefetch_{forward,both}.patch (the wide kernels' next-step loads a whole step
 #              ahead) timed beside this tree (kernel_profile.py, passes main, forward, both, both, forward, main), then
 #              the 16-bit CUDA tests on "both"
