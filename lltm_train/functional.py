@@ -195,13 +195,14 @@ def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: T
 
 
 def _op_states(spec: CellSpec, states: tuple) -> tuple:
-    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H). States of
-    other shapes or dtypes than h's raise RuntimeError, so that the Python checks name them (the op sees only
+    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H). States not
+    2-D, or of other shapes or dtypes than h's, raise RuntimeError, so that the Python checks name them (the op sees only
     the packed sum: c and n of widths 5 and 7 would pass as two of 6)."""
     if spec.cell_blocks <= 1:
         return states
     h = states[0]
-    if not all(isinstance(s, Tensor) and s.shape == h.shape and s.dtype == h.dtype for s in states[1:]):
+    if not isinstance(h, Tensor) or h.dim() != 2 or not all(
+            isinstance(s, Tensor) and s.shape == h.shape and s.dtype == h.dtype for s in states[1:]):
         raise RuntimeError(f"the {spec.title}'s states differ from h in shape or dtype")
     return h, torch.cat(states[1:], 1)
 
@@ -283,16 +284,21 @@ def _check_heads_weight(op: str, spec: CellSpec, weight_hh, num_heads) -> None:
     if not isinstance(weight_hh, Tensor) or not weight_hh.is_floating_point():
         got = weight_hh.dtype if isinstance(weight_hh, Tensor) else type(weight_hh).__name__
         raise TypeError(f"{op}: weight_hh must be a floating-point torch.Tensor, got {got}")
-    G, heads = spec.num_gates, "hidden_size" if num_heads == 1 else f"hidden_size / {num_heads}"
+    G = spec.num_gates
+
+    def expected() -> str:  # (built only to raise: an f-string of a dynamic num_heads breaks a fullgraph compile)
+        return "hidden_size" if num_heads == 1 else f"hidden_size / {int(num_heads)}"
+
     if weight_hh.dim() != 2 or weight_hh.shape[0] % G:
-        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {heads}), got {tuple(weight_hh.shape)}")
-    H = weight_hh.shape[0] // G
-    if isinstance(num_heads, int) and H % num_heads:
-        raise ValueError(f"{op}: hidden_size ({H}, weight_hh's {weight_hh.shape[0]} rows / {G} gates) must be a "
-                         f"multiple of num_heads ({num_heads}): each head is hidden_size / num_heads units wide")
-    if weight_hh.shape[1] * num_heads != H:
-        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {heads}) = ({G * H}, {H // num_heads}), "
+        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {expected()}), "
                          f"got {tuple(weight_hh.shape)}")
+    H = weight_hh.shape[0] // G
+    if H % num_heads:
+        raise ValueError(f"{op}: hidden_size ({H}, weight_hh's {weight_hh.shape[0]} rows / {G} gates) must be a "
+                         f"multiple of num_heads ({int(num_heads)}): each head is hidden_size / num_heads units wide")
+    if weight_hh.shape[1] * num_heads != H:
+        raise ValueError(f"{op}: expected weight_hh of shape ({G} * hidden_size, {expected()}) = ({G * H}, "
+                         f"{int(H // num_heads)}), got {tuple(weight_hh.shape)}")
 
 
 def _dense_weight_hh(op: str, spec: CellSpec, weight_hh: Tensor, num_heads: int) -> Tensor:
@@ -323,9 +329,11 @@ def rnn_layer(cell: str | CellSpec, input: Tensor, hx: tuple[Tensor, ...] | None
     gradient. Not with ``backend="torch"`` (ValueError).
 
     ``num_heads``: the recurrence in NH independent heads, ``weight_hh`` (G * hidden_size, hidden_size / NH) in
-    the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. The ``cpp`` kernels run each
-    head's (DH, DH) blocks; ``cuda``, ``python`` and ``torch`` the dense block-diagonal matrix for now (a head
-    costs there what the whole width costs)."""
+    the layout of :func:`dense_weight_hh`; every backend runs it, ``torch`` included. The ``cpp`` kernels and
+    ``cuda``'s persistent kernels run each head's (DH, DH) blocks as a recurrence of its own; ``python``, ``torch``
+    and ``cuda``'s stepped path (widths or batches no persistent kernel takes) the dense block-diagonal matrix,
+    where a head costs what the whole width costs and a non-finite value in one head's state or weights reaches
+    every head (its zeros times NaN or inf are NaN); finite values agree across backends."""
     cell = cell_spec(cell)
     name = f"{cell.name}_layer"
     _check_num_heads(name, num_heads)

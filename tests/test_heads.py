@@ -242,6 +242,27 @@ def test_compile_fullgraph_with_heads_and_zoneout_matches_eager():
     assert_close(grads[0], grads_ref[0])
 
 
+@pytest.mark.parametrize("name", ["lstm", "slstm"])
+def test_compile_fullgraph_of_rnn_layer_with_num_heads_an_argument_that_changes(name):
+    """num_heads as an argument of the compiled function: its second value makes it dynamic (a SymInt), and the
+    shape checks still trace into one graph (an f-string of it did not: Dynamo's BUILD_STRING)."""
+    spec = CELLS[name]
+    G = spec.num_gates
+
+    def f(x, weight_ih, weight_hh, bias, num_heads):
+        out, state = rnn_layer(name, x, None, weight_ih, weight_hh, *[bias] * len(spec.biases), backend="cpp",
+                               num_heads=num_heads)
+        return out.sum() + state[0].sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(0)
+    x, weight_ih, bias = torch.randn(3, 2, 4), torch.randn(8 * G, 4), torch.randn(8 * G)
+    for num_heads in (2, 4, 1, 8):
+        weight_hh = torch.randn(8 * G, 8 // num_heads)
+        assert_close(compiled(x, weight_ih, weight_hh, bias, num_heads), f(x, weight_ih, weight_hh, bias, num_heads))
+
+
 @pytest.mark.parametrize("device_backend", DEVICE_BACKENDS)
 def test_opcheck_both_ops_with_heads(device_backend, cell):
     """torch.library.opcheck (schema, fake kernels, autograd registration) with num_heads=3, weight_hh the blocks."""

@@ -162,7 +162,8 @@ def test_matches_flashrnn_vanilla_slstm_with_heads(backend):
 
 @pytest.mark.parametrize("backend", ["python", "cpp"])
 def test_states_of_wrong_widths_or_dtypes_are_refused_by_name(backend):
-    """c, n, m are checked one by one before the op packs them: widths 5 and 7 do not pass as two of 6."""
+    """c, n, m are checked one by one before the op packs them: widths 5 and 7 do not pass as two of 6; states
+    all 1-D are named too."""
     x, w_ih, w_hh, b = torch.randn(5, 3, 4, **F64), torch.randn(24, 4, **F64), torch.randn(24, 6, **F64), torch.randn(24, **F64)
     h0, c0, m0, n0 = torch.randn(3, 6, **F64), torch.randn(3, 6, **F64), torch.randn(3, 6, **F64), torch.rand(3, 6, **F64) + 0.5
     with pytest.raises(ValueError, match=r"expected c of shape \(3, 6\)"):
@@ -171,3 +172,5 @@ def test_states_of_wrong_widths_or_dtypes_are_refused_by_name(backend):
         rnn_layer("slstm", x, (h0, c0[0], n0, m0), w_ih, w_hh, b, backend=backend)
     with pytest.raises(TypeError, match="c has dtype torch.float32"):
         rnn_layer("slstm", x, (h0, c0.float(), n0, m0), w_ih, w_hh, b, backend=backend)
+    with pytest.raises(ValueError, match=r"expected h of shape \(3, 6\) .* got \(6,\)"):  # all 1-D (an IndexError)
+        rnn_layer("slstm", x, (h0[0], c0[0], n0[0], m0[0]), w_ih, w_hh, b, backend=backend)
