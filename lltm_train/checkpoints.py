@@ -100,10 +100,13 @@ def _heads_hint(task: RecurrentTask, ours: dict, theirs: dict) -> str:
     return ""
 
 
+_RESUME_HINT = "resume with the dataset and model settings of the run that wrote it (its .hydra/config.yaml)"
+
+
 def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -> int:
     """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes) and cell (the
-    hyperparameter: the Elman RNN's tanh and ReLU have the same shapes), this optimiser's state, and data state (a text's vocabulary) that this data module accepts. Returns the
-    checkpoint's step (optimiser steps done)."""
+    hyperparameter: the Elman RNN's tanh and ReLU have the same shapes), this optimiser's state, and data state
+    (a text's vocabulary) that this data module accepts. Returns the checkpoint's step (optimiser steps done)."""
     try:
         ckpt = read_checkpoint(Path(path))
     except ConfigError as exc:
@@ -115,14 +118,12 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     problems += [f"{k} is not in this model" for k in theirs.keys() - ours.keys()]
     if problems:
         raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}"
-                          f"{_heads_hint(task, ours, theirs)}); resume with the dataset and model settings of the run "
-                          "that wrote it (its .hydra/config.yaml)")
+                          f"{_heads_hint(task, ours, theirs)}); {_RESUME_HINT}")
     written = (ckpt.get("hyper_parameters") or {}).get("cell")
     cell = task.hparams.get("cell")
     if isinstance(written, str) and isinstance(cell, str) and written != cell:  # same shapes: rnn and rnn_relu
         raise ConfigError(f"ckpt_path: {path} was written by another model (model.cell={written}; this run has "
-                          f"model.cell={cell}); resume with the dataset and model settings of the run that wrote it "
-                          "(its .hydra/config.yaml)")
+                          f"model.cell={cell}); {_RESUME_HINT}")
     optimizer = task.optimizer_factory(task.parameters())
     saved = ckpt.get("optimizer_states") or [{}]
     saved_keys = set(next(iter(saved[0].get("param_groups", [])), {})) - {"params", "initial_lr"}  # the latter from the lr schedule

@@ -195,9 +195,9 @@ def _check_zoneout(op: str, spec: CellSpec, zoneout, input: Tensor, weight_hh: T
 
 
 def _op_states(spec: CellSpec, states: tuple) -> tuple:
-    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H). States not
-    2-D, or of other shapes or dtypes than h's, raise RuntimeError, so that the Python checks name them (the op sees only
-    the packed sum: c and n of widths 5 and 7 would pass as two of 6)."""
+    """The ops' state arguments: h, and the c state with the sLSTM's n and m packed behind it (B, C H). States
+    not 2-D, or of other shapes or dtypes than h's, raise RuntimeError, so that the Python checks name them (the
+    op sees only the packed sum: c and n of widths 5 and 7 would pass as two of 6)."""
     if spec.cell_blocks <= 1:
         return states
     h = states[0]
