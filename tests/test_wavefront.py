@@ -79,11 +79,14 @@ def test_under_autocast_the_draws_are_the_one_stream_draws(name, monkeypatch):
     (256, {"num_layers": 3}, 16, True), (512, {"num_layers": 2}, 8, True), (1024, {"num_layers": 3, "num_heads": 4}, 16, True),
     (256, {"num_layers": 1}, 16, False), (256, {"num_layers": 2, "bidirectional": True}, 16, False),
     (256, {"num_layers": 2}, 7, False),  # under 2 steps a piece
-    (128, {"num_layers": 3}, 16, False),  # too narrow: slower there (MIN_WIDTH's comment)
+    (128, {"num_layers": 3}, 16, False),  # too narrow eagerly: slower there (MIN_WIDTH's comment)
     (1024, {"num_layers": 3}, 16, False)])  # the wide kernels fill the GPU
 def test_which_stacks_run_as_a_wavefront(size, kwargs, T, expected):
     layers = recurrent_layers("lstm", 3, size, **kwargs)
     assert wave.fits(layers, T) == expected
+    # inside a capture from width 128 (no host time per piece), the other rules the same
+    assert wave.fits(layers, T, captured=True) == (expected or (size == 128 and kwargs == {"num_layers": 3}))
+    assert not wave.fits(recurrent_layers("lstm", 3, 64, num_layers=3), T, captured=True)
     x = torch.zeros(T, 2, 3)
     assert wave.layer_streams(layers, x) is None  # on a CPU never
     if CUDA_READY:

@@ -15,8 +15,10 @@
 #   prefetch:  ../2026-12-06_h100_s25/next_prefetch_{forward,both}.patch (the wide kernels' next-step loads a whole step
 #              ahead) timed beside this tree (kernel_profile.py, passes main, forward, both, both, forward, main), then
 #              the 16-bit CUDA tests on "both"
-#   smnist:    issue 40: experiment=smnist_pixels alone on the GPU for EPOCHS epochs (default 250; 150 reached 98.65%,
-#              best validation at epoch 116; alone it trains about 1.6 s an epoch), its CSV metrics into $OUT
+#   smnist:    issue 40: experiment=smnist_pixels alone on the GPU at the recipe's defaults (zoneout [0.5, 0.05], 190
+#              epochs since 2026-12-07; EPOCHS overrides), its test accuracy in smnist.log, its CSV metrics into $OUT
+#   pace:      issue 40's cuDNN 2x: one epoch of experiment=psmnist for backend cuda and torch at each precision (32-true,
+#              16-mixed, bf16-mixed), alternated twice; the medians of the logged tokens/s and the peak memory in pace.jsonl
 #   cuda:      the extension's build, then every CUDA test (-m cuda), the sanitizer's runs beside the others
 #   suite:     the extension's build, then the whole suite, -m SUITE_MARKERS (default 'cuda or not slow': the sanitizer
 #              too, which alone fills most of a call), SUITE_LIMIT s
@@ -83,10 +85,30 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       -k "float16 or bfloat16 or bf16 or fp16 or half" tests -p no:cacheprovider 2>&1 | tail -n 5 >> "$OUT/prefetch.log") ;;
   smnist)
     python3 -c "$BUILD" > "$OUT/smnist.log" 2>&1
-    timeout "${SMNIST_LIMIT:-480}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
-      trainer.max_epochs="${EPOCHS:-250}" logger=csv hydra.run.dir=/tmp/smnist 2>&1 | tr '\r' '\n' | grep -v "it/s" \
-      | tail -n 40 >> "$OUT/smnist.log"
+    timeout "${SMNIST_LIMIT:-570}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
+      ${EPOCHS:+trainer.max_epochs=$EPOCHS} logger=csv hydra.run.dir=/tmp/smnist 2>&1 | tr '\r' '\n' \
+      | grep -v -E "it/s|step/s" | tail -n 40 >> "$OUT/smnist.log"
     cp /tmp/smnist/csv/metrics.csv "$OUT/smnist_metrics.csv" ;;
+  pace)
+    python3 -c "$BUILD" > "$OUT/pace.log" 2>&1
+    for round in 1 2; do
+      for precision in 32-true 16-mixed bf16-mixed; do
+        for backend in cuda torch; do
+          dir=/tmp/pace_${backend}_${precision}_$round
+          timeout 120 python3 -m lltm_train experiment=psmnist backend=$backend trainer.accelerator=gpu trainer.max_epochs=1 \
+            trainer.precision=$precision test=false logger=csv hydra.run.dir=$dir > $dir.log 2>&1 \
+            || { echo "== $backend $precision failed"; tail -n 5 $dir.log; } >> "$OUT/pace.log"
+          python3 - "$dir/csv/metrics.csv" "$backend" "$precision" >> "$OUT/pace.jsonl" 2>> "$OUT/pace.log" <<'PY'
+import csv, json, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+tok = [float(r["throughput/tokens_per_s"]) for r in rows if r.get("throughput/tokens_per_s")]
+mem = [float(r["memory/peak_cuda_mib"]) for r in rows if r.get("memory/peak_cuda_mib")]
+print(json.dumps({"backend": sys.argv[2], "precision": sys.argv[3], "median_tokens_per_s": statistics.median(tok),
+                  "logged": len(tok), "peak_mib": max(mem) if mem else None}))
+PY
+        done
+      done
+    done ;;
   suite)  # the extension built first (about 2 minutes on a fresh machine), so the suite's limit is the tests' own
     python3 -c "$BUILD" > "$OUT/suite_gpu.log" 2>&1
     LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
@@ -116,7 +138,7 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
       i=$((i + 1))
       (timeout "${SMNIST_LIMIT:-540}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
         trainer.max_epochs="${EPOCHS:-190}" logger=csv hydra.run.dir=/tmp/smnist_$i $v 2>&1 | tr '\r' '\n' \
-        | grep -v "it/s" | tail -n 25 > /tmp/smnist_$i.log) &
+        | grep -v -E "it/s|step/s" | tail -n 25 > /tmp/smnist_$i.log) &
     done
     wait
     for i in 1 2; do
@@ -135,6 +157,6 @@ print('$cell $nh', t(r[1]) if r else 'absent')" >> "$OUT/heads_compile.log" 2>&1
     echo '{"tree": "patched"}' >> "$OUT/captured.jsonl"
     python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured > /dev/null 2>> "$OUT/captured.log"
     patch -s -R -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch" ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist, cuda, suite, wave128," \
+  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist, pace, cuda, suite, wave128," \
        "smnist_pair or captured" >&2; exit 2 ;;
 esac

@@ -21,23 +21,27 @@ PIECES = 4  # time pieces: at L = 3, (4 + 2) / 12 = half the one-stream time at 
 # The widths (per head) where it runs. Up to 512 a layer's kernel leaves SMs free (the cluster kernels' range; the
 # wide kernels are cooperative launches). From 256: at 128 a piece's kernels are short (about 0.14 ms forward at
 # T 512) and the overlap was lost, likely to each piece's host time (H100, 3 layers, T 512, B 32, against layer by
-# layer: GRU 0.87x-0.95x, LSTM 1.02x-1.14x; at 512 1.21x-1.69x; BENCHMARKS.md, "Stacks").
+# layer: GRU 0.87x-0.95x, LSTM 1.02x-1.14x; at 512 1.21x-1.69x; BENCHMARKS.md, "Stacks"). Inside a CUDA graph
+# capture a piece costs no host time, and at 128 it won there (GRU, 3 layers, bf16: 1.58x layer by layer; H100,
+# 2026-12-07; BENCHMARKS.md, "Stacks"): CAPTURED_MIN_WIDTH.
 MIN_WIDTH, MAX_WIDTH = 256, 512
+CAPTURED_MIN_WIDTH = 128
 
 
-def fits(layers, T: int) -> bool:
+def fits(layers, T: int, captured: bool = False) -> bool:
     """Whether ``layers`` over T steps is a stack the wavefront serves (the sizes only; :func:`layer_streams` says
     whether it runs): one direction, several layers, at least 2 steps a piece, a width a head from
-    :data:`MIN_WIDTH` to :data:`MAX_WIDTH`."""
+    :data:`MIN_WIDTH` (:data:`CAPTURED_MIN_WIDTH` when ``captured``: inside a CUDA graph capture) to
+    :data:`MAX_WIDTH`."""
     return (not layers.bidirectional and layers.num_layers >= 2 and T >= 2 * PIECES
-            and MIN_WIDTH <= layers.hidden_size // layers.num_heads <= MAX_WIDTH)
+            and (CAPTURED_MIN_WIDTH if captured else MIN_WIDTH) <= layers.hidden_size // layers.num_heads <= MAX_WIDTH)
 
 
 def layer_streams(layers, x: Tensor) -> list | None:
     """One CUDA stream per layer (the current one first) when ``layers`` (a one-direction stack of several layers
     over x (T, B, .) on a GPU) runs as a wavefront; None otherwise: where :func:`._streams.streams_usable` says no
     (tested first: no guard on the sizes while tracing) or the sizes do not :func:`fit <fits>`."""
-    if not streams_usable(x) or not fits(layers, x.shape[0]):
+    if not streams_usable(x) or not fits(layers, x.shape[0], torch.cuda.is_current_stream_capturing()):
         return None
     return [torch.cuda.current_stream(x.device), *kept_streams(x.device, layers.num_layers - 1)]
 
