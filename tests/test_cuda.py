@@ -584,8 +584,9 @@ for H, dtype, NH in zip(sizes[::3], sizes[1::3], sizes[2::3]):
     w_ih = torch.randn(G * H, 7, device="cuda", dtype=dtype) * 0.3
     w_hh = torch.randn(G * H, H // NH, device="cuda", dtype=dtype) * 0.05
     biases = [torch.randn(G * H, device="cuda", dtype=dtype) * 0.1 for _ in cell.biases]
-    zoneout = torch.bernoulli(torch.full((5, 11, len(cell.states) * H), 0.3, device="cuda")).to(dtype)
-    zoneout = zoneout if cell.zoneout else None  # the sLSTM takes none (a ValueError ended its runs before 2026-12-07)
+    # (the sLSTM takes no zoneout: a ValueError ended its runs before 2026-12-07)
+    zoneout = (torch.bernoulli(torch.full((5, 11, len(cell.states) * H), 0.3, device="cuda")).to(dtype)
+               if cell.zoneout else None)
     for lens, z in ((None, None), (lengths, zoneout)):  # (zoneout with the lengths: one more code path, no more runs)
         out, state = rnn_layer(cell, x, None, w_ih, w_hh, *biases, lengths=lens, backend="cuda", zoneout=z,
                                num_heads=NH)
