@@ -322,24 +322,29 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
     if (onednn_fits(dg, I)) {
       // All of dg (dense) at once: against W_ih with zeros for the split gate's h-side block, and the weight
       // gradient's rows of that block dropped. A third more arithmetic at oneDNN's speed.
-      const Tensor w = at::cat({a.weight_ih.narrow(0, 0, U), at::zeros({H, I}, opts), a.weight_ih.narrow(0, U, H)});
-      g.input = onednn_or_mkl_linear(dg, w.t()).view({T, B, I});
+      if (a.input_grad) {
+        const Tensor w = at::cat({a.weight_ih.narrow(0, 0, U), at::zeros({H, I}, opts), a.weight_ih.narrow(0, U, H)});
+        g.input = onednn_or_mkl_linear(dg, w.t()).view({T, B, I});
+      }
       const Tensor all = weight_grad(dg, x2d);
       g.weight_ih = at::cat({all.narrow(0, 0, U), all.narrow(0, G * H, H)});
     } else {
-      g.input = dgh.narrow(1, 0, U).mm(a.weight_ih.narrow(0, 0, U));
-      g.input.addmm_(dgx_split, a.weight_ih.narrow(0, U, H));
-      g.input = g.input.view({T, B, I});
+      if (a.input_grad) {
+        g.input = dgh.narrow(1, 0, U).mm(a.weight_ih.narrow(0, 0, U));
+        g.input.addmm_(dgx_split, a.weight_ih.narrow(0, U, H));
+        g.input = g.input.view({T, B, I});
+      }
       g.weight_ih = at::empty_like(a.weight_ih);
       Tensor unsplit = g.weight_ih.narrow(0, 0, U), split = g.weight_ih.narrow(0, U, H);
       at::mm_out(unsplit, dgh.narrow(1, 0, U).t(), x2d);
       at::mm_out(split, dgx_split.t(), x2d);
     }
+    if (!a.input_grad) g.input = at::empty({0}, opts);
     const Tensor sums = column_sums(dg);  // h-side blocks, then the split x side
     g.bias_hh = sums.narrow(0, 0, G * H);
     g.bias_ih = at::cat({sums.narrow(0, 0, U), sums.narrow(0, G * H, H)});
   } else {
-    g.input = onednn_or_mkl_linear(dgh, a.weight_ih.t()).view({T, B, I});
+    g.input = a.input_grad ? onednn_or_mkl_linear(dgh, a.weight_ih.t()).view({T, B, I}) : at::empty({0}, opts);
     g.weight_ih = weight_grad(dgh, x2d);
     g.bias_ih = column_sums(dgh);
     g.bias_hh = g.bias_ih.clone();  // the same gradient, but outputs of an op must not alias

@@ -104,6 +104,7 @@ struct LayerGradInputs {
   Tensor input, h0, c0, weight_ih, weight_hh, output, cells, activations;
   OptTensor lengths, zoneout;
   int64_t num_heads = 1;
+  bool input_grad = true;  // false: grad_input is not wanted, and comes back empty, (0,)
 };
 struct LayerGrads {
   Tensor input, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh;
@@ -120,8 +121,10 @@ LayerGrads layer_backward(const LayerGradInputs& in, const Recurrence& r);
 //   forward  (input, h0, [c0], weight_ih, weight_hh, biases, lengths, save=True, zoneout=None, num_heads=1)
 //            -> (output, h_n, [c_n, cells], activations)
 //   backward (grad_output, grad_h_n, [grad_c_n], input, h0, [c0], weight_ih, weight_hh, output, [cells],
-//             activations, lengths, zoneout=None, num_heads=1)
+//             activations, lengths, zoneout=None, num_heads=1, input_grad=True)
 //            -> (grad_input, grad_h0, [grad_c0], grad_weight_ih, grad_weight_hh, grad_biases)
+// input_grad=False: grad_input comes back empty, (0,), and its GEMM is left out (the autograd kernel passes
+// whether the input requires grad: a first layer's input from data does not, aten's output_mask).
 // [c0, c_n, cells, grad_c_n, grad_c0]: cells with a c state; biases: `bias` (kBiases = 1) or `bias_ih, bias_hh`.
 template <typename Cell>
 struct Schema {
@@ -139,7 +142,8 @@ struct Schema {
     return backward_name() + "(Tensor? grad_output, Tensor? grad_h_n, " + (Cell::kHasCell ? "Tensor? grad_c_n, " : "") +
            "Tensor input, Tensor h0, " + (Cell::kHasCell ? "Tensor c0, " : "") +
            "Tensor weight_ih, Tensor weight_hh, Tensor output, " + (Cell::kHasCell ? "Tensor cells, " : "") +
-           "Tensor activations, Tensor? lengths, Tensor? zoneout=None, int num_heads=1) -> (Tensor grad_input, "
+           "Tensor activations, Tensor? lengths, Tensor? zoneout=None, int num_heads=1, bool input_grad=True) -> "
+           "(Tensor grad_input, "
            "Tensor grad_h0, " +
            (Cell::kHasCell ? "Tensor grad_c0, " : "") + "Tensor grad_weight_ih, Tensor grad_weight_hh, " +
            biases_list("Tensor ", "grad_") + ")";
@@ -185,7 +189,7 @@ struct BackwardArgs {
     if constexpr (Cell::kHasCell) f(a.c0);
     f(a.weight_ih), f(a.weight_hh), f(a.output);
     if constexpr (Cell::kHasCell) f(a.cells);
-    f(a.activations), f(a.lengths), f(a.zoneout), f(a.num_heads);
+    f(a.activations), f(a.lengths), f(a.zoneout), f(a.num_heads), f(a.input_grad);
   }
 };
 

@@ -60,11 +60,11 @@ struct LayerBackward : public torch::autograd::Function<LayerBackward<Cell>> {
                                const OptTensor& grad_c_n, const Tensor& input, const Tensor& h0, const OptTensor& c0,
                                const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& output,
                                const OptTensor& cells, const Tensor& activations, const OptTensor& lengths,
-                               const OptTensor& zoneout, int64_t num_heads) {
+                               const OptTensor& zoneout, int64_t num_heads, bool input_grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerGrads g = call_backward<Cell>({grad_output, grad_h_n, grad_c_n, input, h0, c0.value_or(Tensor()),
                                                    weight_ih, weight_hh, output, cells.value_or(Tensor()), activations,
-                                                   lengths, zoneout, num_heads});
+                                                   lengths, zoneout, num_heads, input_grad});
     return pack<Cell>(g);
   }
 
@@ -103,8 +103,9 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
     const LayerGrads g = unpack_grads<Cell>(
         LayerBackward<Cell>::apply(defined_or_none(grads[0]), defined_or_none(grads[1]), grad_c_n, s[0], s[1],
                                    defined_or_none(s[2]), s[3], s[4], s[5], defined_or_none(s[6]), s[7], lengths,
-                                   defined_or_none(s[8]), ctx->saved_data["num_heads"].toInt()));
-    return {g.input,
+                                   defined_or_none(s[8]), ctx->saved_data["num_heads"].toInt(),
+                                   ctx->needs_input_grad(0)));  // no grad_input GEMM for an input from data
+    return {ctx->needs_input_grad(0) ? g.input : Tensor(),  // else the op's empty (0,) placeholder
             g.h0,
             g.c0,
             g.weight_ih,
@@ -145,7 +146,7 @@ LayerGrads autograd_backward(const LayerGradInputs& a) {
   return unpack_grads<Cell>(LayerBackward<Cell>::apply(a.grad_output, a.grad_h_n, a.grad_c_n, a.input, a.h0,
                                                         defined_or_none(a.c0), a.weight_ih, a.weight_hh, a.output,
                                                         defined_or_none(a.cells), a.activations, a.lengths,
-                                                        a.zoneout, a.num_heads));
+                                                        a.zoneout, a.num_heads, a.input_grad));
 }
 
 template <typename Cell>

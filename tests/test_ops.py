@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import forward_args, layer_args, op_states, leaves, run_cell, run_layer, upstream_like
 from lltm_train.functional import rnn_cell, rnn_layer
@@ -118,6 +119,47 @@ def test_opcheck_both_ops(device_backend, cell, bias):
     torch.library.opcheck(backward_op, (torch.randn_like(out), *(torch.randn_like(s) for s in finals), *common, None))
     torch.library.opcheck(backward_op, (None, torch.randn_like(finals[0]), *(None,) * (n - 1), *common,
                                         torch.tensor([2, 3])))
+    torch.library.opcheck(backward_op, (torch.randn_like(out), *(torch.randn_like(s) for s in finals), *common, None),
+                          {"input_grad": False})
+
+
+def test_backward_op_without_input_grad(device_backend, cell):
+    """input_grad=False leaves grad_input out ((0,)) and every other gradient as it was; under autograd the op
+    gets it where the input requires no grad (a first layer's input from data), and the weights' gradients match
+    the python oracle's."""
+    device, backend = device_backend
+    d = layer_args(cell, 5, 3, 4, 6, device, requires_grad=False)
+    result = getattr(torch.ops.lltm, cell.forward_op)(*forward_args(cell, d))
+    n = cell.op_states
+    upstream = [torch.randn_like(t) for t in result[:1 + n]]
+    args = (*upstream, d["input"], d["states"][0], *op_states(cell, d["states"])[1:], d["weight_ih"], d["weight_hh"],
+            result[0], *result[1 + n:], None)
+    backward_op = getattr(torch.ops.lltm, cell.backward_op)
+    full, lean = backward_op(*args), backward_op(*args, input_grad=False)
+    assert full[0].shape == d["input"].shape and lean[0].shape == (0,)
+    assert all(torch.equal(a, b) for a, b in zip(full[1:], lean[1:]))
+
+    p = layer_args(cell, 5, 3, 4, 6, device)
+    p["input"].requires_grad_(False)
+    up = upstream_like(cell, 5, 3, 6, device)
+    calls = []
+
+    class Calls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.name() == f"lltm::{cell.backward_op}":
+                calls.append(args[-1])  # input_grad, the last argument (the C++ autograd kernel passes all)
+            return func(*args, **(kwargs or {}))
+
+    def run(backend):
+        out, state = rnn_layer(cell, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *p["biases"],
+                               backend=backend)
+        loss = sum((r * u).sum() for r, u in zip((out, *state), up))
+        return (out, *state, *torch.autograd.grad(loss, leaves(p)[1:]))  # all but the input
+
+    with Calls():
+        got = run(backend)
+    assert calls == [False]
+    assert_all_close(got, run("python"), **F64)
 
 
 def test_noncontiguous_and_expanded_inputs(device_backend, cell):

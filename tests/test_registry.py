@@ -47,7 +47,7 @@ def test_op_schemas_follow_the_spec(name):
     assert _names(backward.arguments) == ["grad_output", *(f"grad_{s}_n" for s in states), "input", "h0",
                                           *(["c0"] if c else []), "weight_ih", "weight_hh", "output",
                                           *(["cells"] if c else []), "activations", "lengths", "zoneout",
-                                          "num_heads"]
+                                          "num_heads", "input_grad"]
     assert _names(backward.returns) == ["grad_input", *(f"grad_{s}0" for s in states), "grad_weight_ih",
                                         "grad_weight_hh", *(f"grad_{b}" for b in spec.biases)]
 

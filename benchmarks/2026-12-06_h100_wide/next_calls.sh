@@ -19,6 +19,8 @@
 #              epochs since 2026-12-07; EPOCHS overrides), its test accuracy in smnist.log, its CSV metrics into $OUT
 #   pace:      issue 40's cuDNN 2x: one epoch of experiment=psmnist for backend cuda and torch at each precision (32-true,
 #              16-mixed, bf16-mixed), alternated twice; the medians of the logged tokens/s and the peak memory in pace.jsonl
+#   steps:     ../2026-12-07_s29/step_profile.py: psMNIST's step (model, loss, backward, clipping, fused AdamW) eagerly
+#              for backend cuda and torch at each precision, B 128 and 256, its kernels by name
 #   cuda:      the extension's build, then every CUDA test (-m cuda), the sanitizer's runs beside the others
 #   suite:     the extension's build, then the whole suite, -m SUITE_MARKERS (default 'cuda or not slow': the sanitizer
 #              too, which alone fills most of a call), SUITE_LIMIT s
@@ -109,6 +111,11 @@ PY
         done
       done
     done ;;
+  steps)  # psMNIST's training step outside Lightning, kernel by kernel, cuda and torch at each precision (B 128, 256)
+    python3 -c "$BUILD" > "$OUT/steps.log" 2>&1
+    for b in 128 256; do
+      python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/steps.jsonl" $b > /dev/null 2>> "$OUT/steps.log"
+    done ;;
   suite)  # the extension built first (about 2 minutes on a fresh machine), so the suite's limit is the tests' own
     python3 -c "$BUILD" > "$OUT/suite_gpu.log" 2>&1
     LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
@@ -158,5 +165,5 @@ PY
     python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured > /dev/null 2>> "$OUT/captured.log"
     patch -s -R -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch" ;;
   *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist, pace, cuda, suite, wave128," \
-       "smnist_pair or captured" >&2; exit 2 ;;
+       "smnist_pair, captured or steps" >&2; exit 2 ;;
 esac

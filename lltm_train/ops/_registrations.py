@@ -10,9 +10,10 @@ Argument order, for a cell with op states S (h, or h and c; the sLSTM's c packs 
 forward ``(input, *S_0, weight_ih, weight_hh, *P, lengths, save=True, zoneout=None, num_heads=1) -> (output, *S_n,
 [cells], activations)``, where save=False (nothing kept for a backward) gives cells and activations of shape (0,);
 backward ``(grad_output, *grad_S_n, input, h0, [c0], weight_ih, weight_hh, output, [cells], activations,
-lengths, zoneout=None, num_heads=1) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh, *grad_P)`` (c0 and
-cells for the cells with a c state). ``zoneout``: (T, B, len(S) * H) factors, or None; ``num_heads``: weight_hh
-holds the heads' blocks (G H, H / num_heads) (csrc/lltm.h).
+lengths, zoneout=None, num_heads=1, input_grad=True) -> (grad_input, *grad_S_0, grad_weight_ih, grad_weight_hh,
+*grad_P)`` (c0 and cells for the cells with a c state). ``zoneout``: (T, B, len(S) * H) factors, or None;
+``num_heads``: weight_hh holds the heads' blocks (G H, H / num_heads); ``input_grad=False``: grad_input is not
+computed and comes back as (0,) (csrc/lltm.h).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _backward_fake(spec: CellSpec):
     op = f"lltm.{spec.backward_op}"
     n = spec.op_states
 
-    def fake(*args, zoneout=None, num_heads=1):
+    def fake(*args, zoneout=None, num_heads=1, input_grad=True):
         grads, (input, h0), rest = args[:n + 1], args[n + 1:n + 3], args[n + 3:]
         c0 = rest[:n - 1]  # the cells with a c state take c0
         rest = rest[n - 1:]
@@ -89,11 +90,14 @@ def _backward_fake(spec: CellSpec):
             zoneout = rest[2 + saved_count]
         if len(rest) > 3 + saved_count:
             num_heads = rest[3 + saved_count]
+        if len(rest) > 4 + saved_count:
+            input_grad = rest[4 + saved_count]
         _one_device(op, *grads, input, h0, *c0, weight_ih, weight_hh, *saved, zoneout)
         _lengths_on_cpu(op, lengths, input)
         torch._check(input.dim() == 3 and h0.dim() == 2, lambda: f"{op}: expected input (T, B, input_size) and h0 (B, H)")
         _check_heads(op, spec, weight_hh, h0, num_heads)
-        return (torch.empty_like(input), torch.empty_like(h0), *(torch.empty_like(c) for c in c0), torch.empty_like(weight_ih),
+        grad_input = torch.empty_like(input) if input_grad else input.new_empty(0)  # input_grad=False: (0,)
+        return (grad_input, torch.empty_like(h0), *(torch.empty_like(c) for c in c0), torch.empty_like(weight_ih),
                 torch.empty_like(weight_hh), *(weight_hh.new_empty(weight_hh.shape[0]) for _ in spec.biases))
 
     return fake
