@@ -2,8 +2,10 @@
 B 128), cross-entropy, backward, gradient-norm clipping at 1, fused AdamW: what the recipe's step runs (eager, not
 captured). For backend cuda and torch (cuDNN) at float32 with TF32, autocast float16 and bfloat16, alternated twice.
 Median of 20 steps after 5 of warm-up (CUDA events), then every kernel's device time over 3 steps (torch.profiler).
-    python3 step_profile.py OUT.jsonl [B]"""
-import json, sys
+    python3 step_profile.py OUT.jsonl [B]
+STEP_BACKENDS (default "cuda,torch") and STEP_PRECISIONS (default "32-true,16-mixed,bf16-mixed") narrow the runs;
+STEP_TREE names the tree in each row (for A/B runs of two builds)."""
+import json, os, sys
 from collections import defaultdict
 import torch
 from lltm_train.models.sequence import SequenceClassifier
@@ -37,8 +39,8 @@ def make(backend, precision):
 
 out = open(sys.argv[1], "a")
 for rnd in (1, 2):
-    for precision in ("32-true", "16-mixed", "bf16-mixed"):
-        for backend in ("cuda", "torch"):
+    for precision in os.environ.get("STEP_PRECISIONS", "32-true,16-mixed,bf16-mixed").split(","):
+        for backend in os.environ.get("STEP_BACKENDS", "cuda,torch").split(","):
             step = make(backend, precision)
             for _ in range(5):
                 step()
@@ -48,7 +50,7 @@ for rnd in (1, 2):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record(); step(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
             ts.sort()
-            row = {"round": rnd, "backend": backend, "precision": precision, "B": B, "median_ms": round(ts[10], 4),
+            row = {"tree": os.environ.get("STEP_TREE", "main"), "round": rnd, "backend": backend, "precision": precision, "B": B, "median_ms": round(ts[10], 4),
                    "tokens_per_s": round(B * T / ts[10] * 1e3)}
             if rnd == 1:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
