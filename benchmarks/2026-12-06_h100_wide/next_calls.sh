@@ -137,10 +137,11 @@ PY
     LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
       -m "${SUITE_MARKERS:-cuda or not slow}" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s" >> "$OUT/suite_gpu.log"; echo "suite exit ${PIPESTATUS[0]}" >> "$OUT/suite_gpu.log" ;;
-  cuda)  # every CUDA test in one call: the sanitizer's 15 (slow) on 8 workers beside the others on 7 (the CPU tests
+  cuda)  # every CUDA test in one call: the sanitizer's 18 (slow; SAN_K: a -k filter) on 8 workers beside the others on 7 (the CPU tests
     # passed on the GPU at ab95e86; the CUDA half of the closing rule's suite, about 7 minutes with the build)
     python3 -c "$BUILD" > "$OUT/cuda_suite.log" 2>&1
-    (LLTM_PYTHON=python3 timeout "${SAN_LIMIT:-420}" scripts/test.sh -n 8 -v -p no:cacheprovider -m 'cuda and slow' 2>&1 \
+    (LLTM_PYTHON=python3 timeout "${SAN_LIMIT:-420}" scripts/test.sh -n 8 -v -p no:cacheprovider -m 'cuda and slow' \
+      ${SAN_K:+-k "$SAN_K"} 2>&1 \
       | tr '\r' '\n' | grep --line-buffered -E "PASSED|FAILED|ERROR|passed|failed|error" > "$OUT/sanitizer.log"
      echo "sanitizer exit ${PIPESTATUS[0]}" >> "$OUT/sanitizer.log") &
     LLTM_PYTHON=python3 timeout "${CUDA_LIMIT:-420}" scripts/test.sh -n 7 -q -p no:cacheprovider -m 'cuda and not slow' \
