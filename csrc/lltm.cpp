@@ -339,16 +339,16 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
       at::mm_out(unsplit, dgh.narrow(1, 0, U).t(), x2d);
       at::mm_out(split, dgx_split.t(), x2d);
     }
-    if (!a.input_grad) g.input = at::empty({0}, opts);
     const Tensor sums = column_sums(dg);  // h-side blocks, then the split x side
     g.bias_hh = sums.narrow(0, 0, G * H);
     g.bias_ih = at::cat({sums.narrow(0, 0, U), sums.narrow(0, G * H, H)});
   } else {
-    g.input = a.input_grad ? onednn_or_mkl_linear(dgh, a.weight_ih.t()).view({T, B, I}) : at::empty({0}, opts);
+    if (a.input_grad) g.input = onednn_or_mkl_linear(dgh, a.weight_ih.t()).view({T, B, I});
     g.weight_ih = weight_grad(dgh, x2d);
     g.bias_ih = column_sums(dgh);
     g.bias_hh = g.bias_ih.clone();  // the same gradient, but outputs of an op must not alias
   }
+  if (!a.input_grad) g.input = at::empty({0}, opts);  // not wanted: its GEMM left out (lltm.h)
   return g;
 }
 
