@@ -22,7 +22,8 @@
 #   steps:     ../2026-12-07_s29/step_profile.py: psMNIST's step (model, loss, backward, clipping, fused AdamW) eagerly
 #              for backend cuda and torch at each precision, B 128 and 256, its kernels by name
 #   small_input: ../2026-12-07_s29/next_small_input.patch on a copy, timed beside this tree (step_profile.py, cuda,
-#              float32 and bfloat16, B 128), then its CUDA tests at I 1 and in float64
+#              float32 and bfloat16, B 128: captured, with cuDNN's captured step, then eager), then its CUDA tests at I 1
+#              and in float64
 #   cuda:      the extension's build, then every CUDA test (-m cuda), the sanitizer's runs beside the others
 #   suite:     the extension's build, then the whole suite, -m SUITE_MARKERS (default 'cuda or not slow': the sanitizer
 #              too, which alone fills most of a call), SUITE_LIMIT s
@@ -126,7 +127,12 @@ PY
     (cd /tmp/si && PYTHONPATH=/tmp/si:$SITE python3 -c "$BUILD") >> "$OUT/small_input.log" 2>&1 &
     python3 -c "$BUILD" >> "$OUT/small_input.log" 2>&1 &
     wait
-    for tree in "$PWD" /tmp/si /tmp/si "$PWD"; do
+    for tree in "$PWD" /tmp/si /tmp/si "$PWD"; do  # captured (as Lightning trains), cuDNN's captured step beside main's
+      [ "$tree" = "$PWD" ] && backends=cuda,torch || backends=cuda
+      (cd "$tree" && STEP_GRAPH=1 STEP_TREE=$tree STEP_BACKENDS=$backends PYTHONPATH=$tree:$SITE \
+        python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/small_input.jsonl" 128 > /dev/null 2>> "$OUT/small_input.log")
+    done
+    for tree in "$PWD" /tmp/si /tmp/si "$PWD"; do  # eager, with the kernels by name
       (cd "$tree" && STEP_TREE=$tree STEP_BACKENDS=cuda STEP_PRECISIONS=32-true,bf16-mixed PYTHONPATH=$tree:$SITE \
         python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/small_input.jsonl" 128 > /dev/null 2>> "$OUT/small_input.log")
     done
