@@ -21,7 +21,7 @@
 #              16-mixed, bf16-mixed), alternated twice; the medians of the logged tokens/s and the peak memory in pace.jsonl
 #   steps:     ../2026-12-07_s29/step_profile.py: psMNIST's step (model, loss, backward, clipping, fused AdamW) eagerly
 #              for backend cuda and torch at each precision, B 128 and 256, its kernels by name
-#   small_input: ../2026-12-07_s29/next_small_input.patch on a copy, timed beside this tree (step_profile.py, cuda,
+#   small_input: ../2026-12-07_s30/next_small_input_kernel.patch on a copy, timed beside this tree (step_profile.py, cuda,
 #              float32 and bfloat16, B 128: captured, with cuDNN's captured step, then eager), then its CUDA tests at I 1
 #              and in float64
 #   cuda:      the extension's build, then every CUDA test (-m cuda), the sanitizer's runs beside the others
@@ -119,11 +119,11 @@ PY
     for b in 128 256; do
       python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/steps.jsonl" $b > /dev/null 2>> "$OUT/steps.log"
     done ;;
-  small_input)  # ../2026-12-07_s29/next_small_input.patch (psMNIST's one input feature: the projection as one
-    # elementwise pass, dW_ih and db in one GEMM) on a copy, against this tree: step_profile.py's cuda rows, alternated
+  small_input)  # ../2026-12-07_s30/next_small_input_kernel.patch (psMNIST's one input feature: the projection as one
+    # outer-product kernel, dW_ih and db in one GEMM) on a copy, against this tree: step_profile.py's cuda rows, alternated
     rm -rf /tmp/si && mkdir -p /tmp/si && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/si/
-    (cd /tmp/si && patch -s -p1 < "$HERE/../2026-12-07_s29/next_small_input.patch") \
-      || echo "next_small_input.patch does not apply" >> "$OUT/small_input.log"
+    (cd /tmp/si && patch -s -p1 < "$HERE/../2026-12-07_s30/next_small_input_kernel.patch") \
+      || echo "next_small_input_kernel.patch does not apply" >> "$OUT/small_input.log"
     (cd /tmp/si && PYTHONPATH=/tmp/si:$SITE python3 -c "$BUILD") >> "$OUT/small_input.log" 2>&1 &
     python3 -c "$BUILD" >> "$OUT/small_input.log" 2>&1 &
     wait
@@ -137,7 +137,7 @@ PY
         python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/small_input.jsonl" 128 > /dev/null 2>> "$OUT/small_input.log")
     done
     (cd /tmp/si && PYTHONPATH=/tmp/si:$SITE timeout 120 python3 -m pytest -q -n 8 -m "cuda and not slow" \
-      tests/test_ops.py tests/test_cuda.py -k "I1 or float64" -p no:cacheprovider 2>&1 | tail -n 4 >> "$OUT/small_input.log") ;;
+      tests/test_ops.py tests/test_cuda.py -k "one_input or float64" -p no:cacheprovider 2>&1 | tail -n 4 >> "$OUT/small_input.log") ;;
   suite)  # the extension built first (about 2 minutes on a fresh machine), so the suite's limit is the tests' own
     python3 -c "$BUILD" > "$OUT/suite_gpu.log" 2>&1
     LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
