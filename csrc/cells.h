@@ -231,7 +231,7 @@ struct RNNReLUCell : RNNShape {
   template <typename acc_t, typename M>
   LLTM_HOST_DEVICE static void backward(acc_t dh, acc_t&, const acc_t (&s)[1], acc_t, acc_t, acc_t, acc_t (&dg)[1],
                                         acc_t& dh_prev) {
-    dg[0] = s[0] > acc_t(0) ? dh : acc_t(0);  // torch's relu backward: the gradient where the output is > 0
+    dg[0] = s[0] <= acc_t(0) ? acc_t(0) : dh;  // torch's relu backward: 0 where the output is <= 0 (NaN passes dh)
     dh_prev = acc_t(0);
   }
 };

@@ -109,8 +109,12 @@ def _check_lengths(op: str, lengths, T: int, B: int) -> None:
             or lengths.shape != (B,):
         got = f"{lengths.dtype} {tuple(lengths.shape)} on {lengths.device}" if isinstance(lengths, Tensor) else type(lengths).__name__
         raise ValueError(f"{op}: lengths must be an int64 CPU tensor of shape ({B},), got {got}")
-    # The values are read only outside torch.compile (data-dependent there); the op checks them anyway.
-    if B and not torch.compiler.is_compiling() and not (0 <= int(lengths.min()) and int(lengths.max()) <= T):
+    if not B:
+        return
+    if torch.compiler.is_compiling():  # the values are data there: checked when the compiled code runs
+        torch._assert_async(((lengths >= 0) & (lengths <= T)).all(),
+                            f"{op}: every length must be in [0, T], T the input's number of time steps")
+    elif not (0 <= int(lengths.min()) and int(lengths.max()) <= T):
         raise ValueError(f"{op}: every length must be in [0, T = {T}], got {lengths.min()} to {lengths.max()}")
 
 

@@ -186,6 +186,39 @@ def test_noncontiguous_and_expanded_inputs(device_backend, cell):
     assert_all_close(results[backend], results["python"], **F64)
 
 
+def test_strided_and_expanded_bias_at_onednn_sizes(device_backend, cell, full_float32):
+    """A bias that is a strided view or an expanded (stride 0) tensor, at sizes where the CPU's input projection
+    goes to oneDNN (float32, T B I G H >= 2^21), which takes a bias by its storage: it once read a strided bias as
+    if contiguous (a wrong answer) and an expanded one past its storage (NaN)."""
+    device, backend = device_backend
+    T, B, I, H = 8, 32, 128, 64
+    G = cell.num_gates
+    p = layer_args(cell, T, B, I, H, device, dtype=torch.float32, requires_grad=False)
+    for bias in (torch.randn(2 * G * H, device=device)[::2], torch.randn(1, device=device).expand(G * H)):
+        biases = (bias,) + (None,) * (len(cell.biases) - 1)  # one bias: the sum of the two is no longer a view
+        got = rnn_layer(cell, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *biases, backend=backend)
+        want = rnn_layer(cell, p["input"], p["states"], p["weight_ih"], p["weight_hh"], *biases, backend="python")
+        for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+            assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_relu_gradient_passes_where_the_output_is_nan(device_backend):
+    """The ReLU RNN's backward zeroes the gradient only where the output is <= 0, as torch's relu backward
+    (threshold_backward): where a step's output is NaN (inf - inf from an infinite input), dh passes."""
+    from lltm_train.ops.cells import CELLS
+
+    cell = CELLS["rnn_relu"]
+    device, backend = device_backend
+    p = layer_args(cell, 5, 3, 2, 6, device)
+    with torch.no_grad():
+        p["input"][2, 1] = torch.tensor([float("inf"), float("-inf")])
+        p["weight_ih"][:3] = 1.0  # units 0-2 of row 1 at step 2: inf - inf = NaN
+    up = upstream_like(cell, 5, 3, 6, device)
+    got, want = run_layer(cell, p, backend, up), run_layer(cell, p, "python", up)
+    assert torch.isnan(got[0][2, 1, :3]).all()
+    assert_all_close(got, want, equal_nan=True, **F64)
+
+
 def test_batch_one_and_zero(device_backend, cell):
     device, backend = device_backend
     p = layer_args(cell, 4, 1, 3, 5, device)

@@ -204,6 +204,23 @@ def test_compile_fullgraph_with_lengths():
 
 
 @pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
+@pytest.mark.parametrize("bad", [[9, 1], [-2, 1]], ids=["above T", "negative"])
+def test_compiled_call_with_lengths_out_of_range_raises(backend, bad):
+    """Under torch.compile the lengths are data, not read while tracing: the compiled code checks them when it
+    runs (the python and torch backends have no op of their own to do it)."""
+    from lltm_train.functional import lstm_layer
+
+    torch._dynamo.reset()
+    x, w_ih, w_hh = torch.randn(3, 2, 4, dtype=torch.float64), torch.randn(20, 4, dtype=torch.float64), \
+        torch.randn(20, 5, dtype=torch.float64)
+    f = torch.compile(lambda x, lengths: lstm_layer(x, None, w_ih, w_hh, lengths=lengths, backend=backend)[0],
+                      fullgraph=backend != "torch", backend="aot_eager")  # (torch's kernels run eagerly)
+    assert f(x, torch.tensor([3, 1])).shape == (3, 2, 5)
+    with pytest.raises(RuntimeError, match="length"):
+        f(x, torch.tensor(bad))
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
 def test_bad_input_to_the_lstm_and_gru_is_named(backend):
     from lltm_train.functional import gru_layer, lstm_layer
 

@@ -36,7 +36,7 @@ One step of each cell, from its pre-activations (G blocks of H each) and its sta
 
   m' only keeps exp() in range: h' is the same for any m' (c' and n' scale alike). From n_0 = 0, n >= 1 after
   every step (one of i, f is 1), so h' is finite without FlashRNN's max(n', 1) clamp, which is left out here. A
-  state with n == 0 has no history: f = 0 there and c is not read (FlashRNN multiplies exp(L - i~), which can
+  state with n == 0 has no history: f = 0 there, so a finite c adds nothing (FlashRNN multiplies exp(L - i~), which can
   overflow, by n = 0 and c = 0: NaN at large pre-activations).
 
 - RNN (``torch.nn.RNN``, Elman's network: Elman 1990, "Finding Structure in Time"), with
@@ -93,7 +93,7 @@ def slstm_step(g: Tensor, state: State) -> State:
     i_raw, f_raw, z_raw, o_raw = g.chunk(4, dim=1)
     L = m + F.logsigmoid(f_raw)
     # a tie, or a NaN, to i~ (as the kernels): the gradient then goes to i~ alone
-    first = n == 0  # no history: f = 0, c is not read (exp(L - i~) could overflow there, and 0 * inf is NaN)
+    first = n == 0  # no history: f = 0, f c is 0 for a finite c (exp(L - i~) could overflow there, and 0 * inf is NaN)
     m_new = torch.where(first | ~(i_raw < L), i_raw, L)
     i = torch.exp(i_raw - m_new)
     f = torch.where(first, 0.0, torch.exp(torch.where(first, 0.0, L - m_new)))  # (no inf even in the unused branch)
