@@ -140,9 +140,11 @@ PY
       tests/test_ops.py tests/test_cuda.py -k "one_input or float64" -p no:cacheprovider 2>&1 | tail -n 4 >> "$OUT/small_input.log") ;;
   suite)  # the extension built first (about 2 minutes on a fresh machine), so the suite's limit is the tests' own
     python3 -c "$BUILD" > "$OUT/suite_gpu.log" 2>&1
-    LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -q -p no:cacheprovider \
+    # -v: each test's name as it ends, so a run cut by the limit still says which tests had not finished
+    LLTM_PYTHON=python3 timeout "${SUITE_LIMIT:-480}" scripts/test.sh -n 12 -v -p no:cacheprovider \
       -m "${SUITE_MARKERS:-cuda or not slow}" 2>&1 | tr '\r' '\n' \
-      | grep -v "it/s" >> "$OUT/suite_gpu.log"; echo "suite exit ${PIPESTATUS[0]}" >> "$OUT/suite_gpu.log" ;;
+      | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|passed|failed|error" >> "$OUT/suite_gpu.log"
+    echo "suite exit ${PIPESTATUS[0]}" >> "$OUT/suite_gpu.log" ;;
   cuda)  # every CUDA test in one call: the sanitizer's 18 (slow; SAN_K: a -k filter) on 8 workers beside the others on 7 (the CPU tests
     # passed on the GPU at ab95e86; the CUDA half of the closing rule's suite, about 7 minutes with the build)
     python3 -c "$BUILD" > "$OUT/cuda_suite.log" 2>&1
