@@ -33,7 +33,7 @@ from .config import ConfigError, cell_backends, close_setting, config_dir, hydra
 from .console import quiet_upstream_warnings, route_warnings
 from .metric_names import higher_is_better
 from .report import short_number
-from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, overrides_record
+from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, config_record, overrides_record
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError, CheckpointWriteError)
@@ -67,10 +67,15 @@ def _swept_keys(argv: list[str]) -> set[str]:
     return swept
 
 
-def _config_subdir(ckpt_path: str | None) -> str:
-    """Where Hydra records a job's config: ``.hydra`` for a new run; a resume gets its own
-    ``.hydra/resume_<date_time>``, so that the first run's record (which a resume must match) is kept."""
-    return HYDRA if ckpt_path is None else f"{HYDRA}/resume_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+def _config_subdir(ckpt_path: str | None, output_dir: str | None = None) -> str:
+    """Where Hydra records a job's config: ``.hydra`` in a folder that holds no run's record yet (a new run, or a
+    resume from a checkpoint file into a new folder, which later resumes and ``lltm-evaluate`` read); in a folder
+    that holds one, ``.hydra/resume_<date_time>`` (``run_<date_time>`` without ``ckpt_path``: a command aimed at
+    an earlier run's folder, which is refused), so that the first run's record, which a resume must match, is
+    never overwritten. ``output_dir``: the job's folder (None: treated as new)."""
+    if output_dir is None or not config_record(output_dir).is_file():
+        return HYDRA
+    return f"{HYDRA}/{'run' if ckpt_path is None else 'resume'}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
 def _cell_backends() -> str:

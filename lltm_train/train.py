@@ -59,6 +59,10 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and not clip >= 0:  # a negative norm bound would flip every gradient
         raise ConfigError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
+    accumulate = cfg.trainer.get("accumulate_grad_batches")
+    if accumulate is not None and (isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1):
+        raise ConfigError("trainer.accumulate_grad_batches must be a whole number of batches >= 1 (1: no "
+                          f"accumulation), got {accumulate}")
     if cfg.trainer.get("max_steps") == 0:
         raise ConfigError("trainer.max_steps=0 would train nothing; give a positive number, or -1 for no limit")
     if trainer.max_steps == -1 and trainer.max_epochs in (None, -1) and not cfg.trainer.get("max_time"):

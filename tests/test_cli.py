@@ -72,6 +72,8 @@ BAD = [
     (["float32_matmul_precision=low"], "float32_matmul_precision: expected highest, high or medium, got 'low'"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 would train nothing"),
+    (["+trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be a whole number of batches >= 1"),
+    (["+trainer.accumulate_grad_batches=-1"], "(1: no accumulation), got -1"),
     (["optimized_metric=val/bpc"], "optimized_metric=val/bpc: RegressionTask logs val/loss, val/mae, train/loss"),
     (["optimized_metric=test/mae"], "RegressionTask logs val/loss, val/mae, train/loss, throughput/tokens_per_s_run_average "
                                     "(test/ metrics need test=true)"),
@@ -155,6 +157,13 @@ def test_a_resume_keeps_the_first_runs_config_record(tmp_path):
     assert "hidden_size: 8" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
     resumes = list((tmp_path / "run" / ".hydra").glob("resume_*/config.yaml"))
     assert len(resumes) == 1 and "hidden_size: 16" in resumes[0].read_text()
+    # A new run aimed at the folder (ckpt_path forgotten) is refused, and it once overwrote the record with its
+    # own settings: the resume the refusal advises then ran with the wrong ones.
+    again = lltm_train(tmp_path, *TINY, "model.hidden_size=16", "hydra.run.dir=run")
+    assert again.returncode == 2 and "holds checkpoints of an earlier run" in again.stderr
+    assert "hidden_size: 8" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
+    assert "model.hidden_size=16" not in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()
+    assert len(list((tmp_path / "run" / ".hydra").glob("run_*/config.yaml"))) == 1
 
 
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):
@@ -217,6 +226,13 @@ def test_a_checkpoint_file_of_a_run_brings_back_that_runs_settings(tmp_path):
     ckpt = torch.load(new, weights_only=False)
     assert ckpt["global_step"] == 6 and ckpt["hyper_parameters"]["num_heads"] == 2
     assert ckpt["hyper_parameters"]["cell"] == "lstm"
+    # The new folder records the settings (it once held them only in .hydra/resume_<date>): it resumes in turn.
+    folder = new.parent.parent
+    assert "num_heads: 2" in (folder / ".hydra" / "config.yaml").read_text()
+    again = lltm_train(tmp_path, f"hydra.run.dir={folder}", "ckpt_path=last", "trainer.max_steps=8")
+    assert again.returncode == 0, again.stderr[-2000:]
+    ckpt = torch.load(new, weights_only=False)
+    assert ckpt["global_step"] == 8 and ckpt["hyper_parameters"]["num_heads"] == 2
     other = lltm_train(tmp_path, "ckpt_path=run/checkpoints/last.ckpt", "model.num_heads=1")  # given now: it wins
     assert other.returncode == 2
     assert "its recurrent weights are those of model.num_heads=2, this model's of 1" in other.stderr
