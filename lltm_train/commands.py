@@ -18,6 +18,22 @@ def _fail(prog: str, exc: BaseException) -> None:
     sys.exit(2)
 
 
+def _dataset_setting(config: Path):
+    """The ``dataset`` node of a run's config file, or a ConfigError in one line (a file that is not YAML, or
+    holds no ``dataset``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        cfg = OmegaConf.load(config)
+    except Exception as exc:  # noqa: BLE001 - yaml's and OmegaConf's errors, a binary file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"{config} is not a run config in YAML ({type(exc).__name__}: {first}); give a run's "
+                          ".hydra/config.yaml with --config") from None
+    if not isinstance(cfg, DictConfig) or "dataset" not in cfg:
+        raise ConfigError(f"{config} has no dataset setting: give a run's .hydra/config.yaml with --config")
+    return cfg.dataset
+
+
 def generate_main(argv: list[str] | None = None) -> None:
     """Samples text after a prompt from a text model's checkpoint (any backend, any device)."""
     from .inference import encode_prompt, load_task, sample, vocabulary
@@ -49,7 +65,6 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     import lightning as L
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from .console import quiet_upstream_warnings
     from .inference import load_task
@@ -68,7 +83,7 @@ def evaluate_main(argv: list[str] | None = None) -> None:
         if not config.is_file():
             raise ConfigError(f"no run config at {config}: give --config <run>/.hydra/config.yaml")
         try:
-            datamodule = instantiate(OmegaConf.load(config).dataset)
+            datamodule = instantiate(_dataset_setting(config))
         except InstantiationException as exc:  # e.g. a text file moved since training
             cause = exc.__cause__ or exc
             raise ConfigError(f"the data set of {config} cannot be built ({type(cause).__name__}: {cause}); move the "

@@ -116,6 +116,16 @@ def test_generate_and_evaluate_commands(checkpoint):
     assert all(abs(float(figures["cpp"][k]) - float(figures["python"][k])) < 1e-4 for k in figures["cpp"])
 
 
+def test_evaluate_with_a_config_that_is_not_a_run_config_says_so_in_one_line(checkpoint, tmp_path):
+    (tmp_path / "other.yaml").write_text("model:\n  hidden_size: 8\n")
+    (tmp_path / "binary.log").write_bytes(b"\x00\x01\xff\xfe: [")
+    for config, message in (("other.yaml", "has no dataset setting"), ("binary.log", "is not a run config in YAML")):
+        result = subprocess.run([sys.executable, "-m", "lltm_train.commands", "evaluate", str(checkpoint), "--config",
+                                 str(tmp_path / config)], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_the_default_format_is_an_aoti_package_with_the_models_outputs(checkpoint, aoti_package):
     """lltm-export's default is aoti (torch.jit is deprecated since torch 2.13): a .pt2 package that the command
     reloaded in a fresh process; loaded here, it gives the eager model's outputs at other T and B (down to the
