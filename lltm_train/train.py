@@ -65,6 +65,9 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
                           f"accumulation), got {accumulate}")
     if cfg.trainer.get("max_steps") == 0:
         raise ConfigError("trainer.max_steps=0 would train nothing; give a positive number, or -1 for no limit")
+    if cfg.trainer.get("max_epochs") == 0:
+        raise ConfigError("trainer.max_epochs=0 would train nothing; give a positive number, or -1 for no limit "
+                          "(lltm-evaluate evaluates a checkpoint)")
     if trainer.max_steps == -1 and trainer.max_epochs in (None, -1) and not cfg.trainer.get("max_time"):
         rank_zero_only(log.warning)(
             "lltm-train: warning: no trainer.max_steps, trainer.max_epochs or trainer.max_time: this run trains "
