@@ -44,8 +44,10 @@ bool use_onednn(const Tensor& a, const Tensor& b) { return onednn_fits(a, b.size
 // x w^T (+ bias): x (M, K), w (N, K), either may be a transposed view.
 Tensor onednn_or_mkl_linear(const Tensor& x, const Tensor& w, const OptTensor& bias = std::nullopt) {
   if (!use_onednn(x, w)) return bias.has_value() ? at::addmm(*bias, x, w.t()) : at::mm(x, w.t());
-  torch::jit::Stack stack{x, w, bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue(), c10::IValue(std::string("none")),
-                          c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
+  // oneDNN reads a bias by its storage: a strided or expanded one is made contiguous (a no-op for the usual one)
+  const c10::IValue b = bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue();
+  torch::jit::Stack stack{x, w, b, c10::IValue(std::string("none")), c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                          c10::IValue(std::string(""))};
   onednn_linear_op()->callBoxed(&stack);
   return stack[0].toTensor();
 }

@@ -353,14 +353,15 @@ def _check_run_dir(argv: list[str]) -> None:
     file, with "Unable to configure handler 'file'"); an empty one (Hydra would take the current directory)."""
     for arg in argv[1:]:
         key, _, value = arg.partition("=")
-        if key.lstrip("+") == "hydra.run.dir" and "=" in arg and not value.strip("'\" "):
+        if key.lstrip("+") != "hydra.run.dir" or "=" not in arg:
+            continue
+        if not value.strip("'\" "):
             raise ConfigError("hydra.run.dir is empty (an unset shell variable?): it would write the run into the "
                               "current directory; give a folder, or leave hydra.run.dir out for a new one")
-        if key.lstrip("+") == "hydra.run.dir" and value:
-            path = Path(value.strip("'\""))
-            if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-                raise ConfigError(f"cannot write the run directory {path} (permission denied); choose another "
-                                  "hydra.run.dir")
+        path = Path(value.strip("'\""))
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write the run directory {path} (permission denied); choose another "
+                              "hydra.run.dir")
 
 
 def main() -> None:
