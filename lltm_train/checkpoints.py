@@ -131,21 +131,43 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     if saved_keys and saved_keys != our_keys:
         raise ConfigError(f"ckpt_path: {path} holds the state of another optimizer (settings {sorted(saved_keys)}); resume with "
                           f"the model.optimizer of the run that wrote it")
+    _check_data_settings(path, ckpt, datamodule)
     restore_data_state(ckpt, datamodule)
     return int(ckpt.get("global_step", 0))
 
 
-def restore_data_state(ckpt: dict, datamodule: SequenceDataModule) -> None:
-    """Hands the data-module states in the checkpoint to ``datamodule.load_state_dict`` (a text data set
-    refuses a vocabulary other than its own there). Lightning files each under the writing data module's
-    class name; all of them are offered, so that a checkpoint of one text cannot resume on another text
-    whose characters happen to get the same ids."""
+# loader processes change no batch; the rest (batch size, lengths, splits, permutation, seed, data set) decide
+# which batches the resumed steps see
+_DATA_SETTINGS_FREE = {"dataset.num_workers"}
+
+
+def _check_data_settings(path: str, ckpt: dict, datamodule: SequenceDataModule) -> None:
+    """ConfigError where the checkpoint's data settings (saved since they were: older checkpoints have none)
+    differ from this run's in a setting both have, but for the loader processes."""
+    ours = datamodule.settings or {}
+    theirs = next((state["settings"] for state in _data_states(ckpt) if isinstance(state.get("settings"), dict)), {})
+    changed = [f"{key}={theirs[key]} there, {ours[key]} here" for key in sorted(ours.keys() & theirs.keys())
+               if key not in _DATA_SETTINGS_FREE and theirs[key] != ours[key]]
+    if changed:
+        raise ConfigError(f"ckpt_path: {path} was written with other data settings ({'; '.join(changed[:3])}): "
+                          f"its remaining batches would not be the ones it left; {_RESUME_HINT}")
+
+
+def _data_states(ckpt: dict) -> list[dict]:
+    """The data-module states in the checkpoint. Lightning files each under the writing data module's class
+    name; all of them are taken, so that a checkpoint of one text cannot resume on another text whose characters
+    happen to get the same ids."""
     names = set()
     todo = [SequenceDataModule]
     while todo:
         cls = todo.pop()
         names.add(cls.__qualname__)
         todo += cls.__subclasses__()
-    for name, state in ckpt.items():
-        if name in names and isinstance(state, dict) and state:
-            datamodule.load_state_dict(state)
+    return [state for name, state in ckpt.items() if name in names and isinstance(state, dict) and state]
+
+
+def restore_data_state(ckpt: dict, datamodule: SequenceDataModule) -> None:
+    """Hands the data-module states in the checkpoint to ``datamodule.load_state_dict`` (a text data set
+    refuses a vocabulary other than its own there)."""
+    for state in _data_states(ckpt):
+        datamodule.load_state_dict(state)

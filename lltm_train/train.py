@@ -179,6 +179,8 @@ def build(cfg: DictConfig) -> Built:
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule: SequenceDataModule = instantiate(cfg.dataset)
+    datamodule.settings = {**{f"dataset.{k}": v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items()},
+                           "seed": cfg.seed}
     datamodule.setup("fit")
     _check_kind(cfg, datamodule)
     spec = datamodule.problem  # the model group's LightningModule, given the data set's sizes:

@@ -309,6 +309,12 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"another model \(model.cell=rnn; this run has model.cell=rnn_relu\)"):
         build(make_cfg(tmp_path / "relu", *common, "model.cell=rnn_relu",
                        f"ckpt_path={tmp_path / 'tanh' / 'checkpoints' / 'last.ckpt'}"))
+    # the data settings that decide the batches are those of the run that wrote it; the loader processes are free
+    with pytest.raises(ConfigError, match=r"with other data settings \(dataset.batch_size=8 there, 4 here\): its remaining batches"):
+        build(make_cfg(tmp_path / "d", *common, "dataset.batch_size=4", f"ckpt_path={ckpt}"))
+    with pytest.raises(ConfigError, match=r"other data settings \(dataset.seq_len=30 there, 20 here; seed=1234 there, 3 here\)"):
+        build(make_cfg(tmp_path / "e", *common, "dataset.seq_len=20", "seed=3", f"ckpt_path={ckpt}"))
+    assert build(make_cfg(tmp_path / "f", *common, "dataset.num_workers=1", f"ckpt_path={ckpt}")).ckpt_path == str(ckpt)
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
         build(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))

@@ -77,6 +77,9 @@ class SequenceDataModule(L.LightningDataModule, ABC):
     """
 
     problem: Problem
+    #: The settings that decide the data (``{"dataset.batch_size": 64, ..., "seed": 0}``), set by the training
+    #: command; saved in each checkpoint, so that a resume with other data settings is refused (``check_fits``).
+    settings: dict | None = None
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0) -> None:
         super().__init__()
@@ -105,6 +108,10 @@ class SequenceDataModule(L.LightningDataModule, ABC):
         if not self._built:
             self.build()
             self._built = True
+
+    def state_dict(self) -> dict:
+        """:attr:`settings`, which Lightning saves in every checkpoint (empty where none were set)."""
+        return {"settings": dict(self.settings)} if self.settings else {}
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
         # lengths stay on the CPU, where packing and the kernels read them: no copy back, no sync

@@ -235,8 +235,9 @@ class TextDataModule(SequenceDataModule):
         return "".join(self.vocab[i] for i in ids)
 
     def state_dict(self) -> dict:
-        """The vocabulary, which Lightning saves in every checkpoint (and :meth:`load_state_dict` restores)."""
-        return {"vocab": self.vocab}
+        """The vocabulary and the settings, which Lightning saves in every checkpoint (:meth:`load_state_dict`
+        restores the vocabulary)."""
+        return {**super().state_dict(), "vocab": self.vocab}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a checkpoint's vocabulary; ValueError if this text's differs (its ids would mean other
