@@ -94,7 +94,10 @@ Sizes check_inputs(const std::string& op, const Tensor& input, const Tensor& h0,
                    const Tensor& weight_hh, int64_t num_heads) {
   constexpr int G = Cell::kGates;
   const std::string gates = std::to_string(G) + " * hidden_size";
-  TORCH_CHECK(num_heads >= 1 && (weight_hh.dim() != 2 || num_heads <= std::max<int64_t>(weight_hh.size(0), 1)),
+  // bounds num_heads by the rows' hidden size before H = columns * num_heads is formed; with no columns H is 0
+  // whatever num_heads is (0 % n == 0: accepted, as by the reference)
+  TORCH_CHECK(num_heads >= 1 && (weight_hh.dim() != 2 || weight_hh.size(1) == 0 ||
+                                 num_heads <= std::max<int64_t>(weight_hh.size(0) / G, 1)),
               op + ": num_heads must be at least 1 and at most hidden_size, got " + std::to_string(num_heads));
   const std::string columns = num_heads == 1 ? "hidden_size" : "hidden_size / " + std::to_string(num_heads);
   const auto dtype = input.scalar_type();

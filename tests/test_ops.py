@@ -233,17 +233,19 @@ def test_batch_one_and_zero(device_backend, cell):
     assert all(torch.all(b.grad == 0) for b in p["biases"])
 
 
+@pytest.mark.parametrize("num_heads", [1, 2])
 @pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
-def test_hidden_size_zero_gives_empty_results_on_every_backend(cell, backend):
+def test_hidden_size_zero_gives_empty_results_on_every_backend(cell, backend, num_heads):
     """H = 0 through the functional API: an empty output and state and a zero input gradient on every CPU
-    backend (torch's own kernels refuse H = 0, so the torch backend answers as the reference does)."""
-    if backend == "torch" and not cell.has_torch:
-        pytest.skip(f"PyTorch has no {cell.title}")
+    backend (torch's own kernels refuse H = 0, so the torch backend answers as the reference does); with 2
+    heads too (0 is a multiple of 2: the reference accepts it, and the C++ op did not)."""
+    if backend == "torch" and (not cell.has_torch or num_heads > 1):
+        pytest.skip(f"PyTorch has no {cell.title}" if not cell.has_torch else "torch.nn has no heads")
     G = cell.num_gates
     x = torch.randn(4, 3, 2, requires_grad=True)  # float32: oneDNN's LSTM (torch on a CPU) refused H = 0
     weights = [torch.zeros(G * 0, 2), torch.zeros(0, 0)]
     biases = [torch.zeros(0) for _ in cell.biases]
-    out, state = rnn_layer(cell, x, None, *weights, *biases, backend=backend)
+    out, state = rnn_layer(cell, x, None, *weights, *biases, backend=backend, num_heads=num_heads)
     assert out.shape == (4, 3, 0) and all(s.shape == (3, 0) for s in state)
     out.sum().backward()
     assert torch.equal(x.grad, torch.zeros_like(x))
