@@ -180,6 +180,7 @@ def find_runs(root: Path) -> list[Path]:
     found = {p.parent for p in root.rglob(HYDRA) if p.is_dir()}
     found |= {p.parent.parent for p in root.rglob("events.out.tfevents.*") if p.parent.name == TENSORBOARD}
     found |= {p.parent.parent for p in root.rglob(METRICS_CSV) if p.parent.name == CSV}
+    found |= {p.parents[2] for p in root.rglob(f"{RESUMED_CSV}*/{METRICS_CSV}") if p.parents[1].name == CSV}
     found |= {p.parent for p in root.rglob(MLFLOW_DB)}
     return sorted(found)
 
@@ -211,7 +212,7 @@ def read_run(path: Path) -> Run:
     target = model.get("_target_") or hparams.get("model/_target_") or (
         hparams["model"].get("_target_") if isinstance(hparams.get("model"), dict) else None)
     run.task = str(target or "").rsplit(".", 1)[-1]
-    if (path / CSV / METRICS_CSV).is_file():
+    if _csv_files(path / CSV):
         run.curves = _csv_curves(path / CSV)
     elif (path / MLFLOW_DB).is_file():
         run.curves = _mlflow_curves(path / MLFLOW_DB)
@@ -258,13 +259,18 @@ def _spent_its_time_budget(trainer: dict, curves: dict) -> bool:
     return budget is not None and bool(trained) and max(trained) >= 0.95 * budget
 
 
-def _csv_curves(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """Lightning's CSVLogger files of a run as curves: tag -> (step, nan (no wall time), value). The first
-    run's ``csv/metrics.csv``, then each resume's ``csv/resumed_step<N>/metrics.csv``, whose values replace
-    the earlier ones from step N on (what the resumed run logged again)."""
+def _csv_files(folder: Path) -> list[Path]:
+    """The run's ``csv/metrics.csv`` where it has one (a run resumed from a checkpoint file into a new folder
+    has none), then each resume's ``csv/resumed_step<N>/metrics.csv`` by N."""
     resumed = sorted(folder.glob(f"{RESUMED_CSV}*/{METRICS_CSV}"), key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))
+    return [p for p in [folder / METRICS_CSV] if p.is_file()] + resumed
+
+
+def _csv_curves(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """Lightning's CSVLogger files of a run (:func:`_csv_files`) as curves: tag -> (step, nan (no wall time),
+    value). A resume's values replace the earlier ones from its step N on (what the resumed run logged again)."""
     curves: dict[str, dict[int, float]] = {}
-    for path in [folder / METRICS_CSV, *resumed]:
+    for path in _csv_files(folder):
         if path.parent != folder:  # a resume: what the earlier files hold from its step on is superseded
             start = int(re.sub(r"\D", "", path.parent.name) or 0)
             curves = {tag: {s: v for s, v in points.items() if s < start} for tag, points in curves.items()}

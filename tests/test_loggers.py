@@ -10,7 +10,7 @@ import pytest
 
 from helpers import make_cfg, run
 from lltm_train.config import ConfigError
-from lltm_train.report import main as report_main, read_run
+from lltm_train.report import find_runs, main as report_main, read_run
 from lltm_train.train import train
 
 SMALL = ["dataset.seq_len=16", "dataset.batch_size=4", "model.sample_length=0", "trainer.limit_val_batches=1",
@@ -70,3 +70,11 @@ def test_a_resumed_csv_run_keeps_the_first_runs_rows(tmp_path):
     assert [s for s, _, _ in r.curve("val/bpc")] == [9, 19, 29, 39]
     steps = [s for s, _, _ in r.curve("train/loss")]
     assert steps and steps == sorted(set(steps))  # one value a step
+    # resumed from a checkpoint file into a folder of its own: only csv/resumed_step40/, which the report reads
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    moved = run(tmp_path, *[o for o in common if not o.startswith(("trainer.max_steps", "hydra.run.dir"))],
+                "trainer.max_steps=60", f"ckpt_path={ckpt}", "hydra.run.dir=run2")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert not (tmp_path / "run2" / "csv" / "metrics.csv").exists()
+    assert [s for s, _, _ in read_run(tmp_path / "run2").curve("val/bpc")] == [49, 59]
+    assert find_runs(tmp_path / "run2") == [tmp_path / "run2"]
