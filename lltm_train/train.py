@@ -27,6 +27,7 @@ from .config import ConfigError, check_config, max_time_seconds
 from .data import SequenceDataModule
 from .host_memory import keep_freed_memory
 from .ops.cells import CELLS
+from .run_lock import run_dir_lock
 from .strategies import DDPStrategy
 from .tasks import RecurrentTask
 from .tasks.budget import unfinished_schedule
@@ -251,7 +252,13 @@ def _needs_final_validation(trainer: L.Trainer, task: RecurrentTask) -> bool:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Runs one job; returns the final callback metrics (e.g. ``val/loss``) as floats."""
+    """Runs one job; returns the final callback metrics (e.g. ``val/loss``) as floats. Raises ConfigError
+    (before training) where another run is training in the same run folder."""
+    with run_dir_lock(cfg.paths.output_dir):
+        return _train(cfg)
+
+
+def _train(cfg: DictConfig) -> dict[str, float]:
     try:
         built = build(cfg)
     except ConfigError:

@@ -168,6 +168,28 @@ def test_a_resume_keeps_the_first_runs_config_record(tmp_path):
     assert len(list((tmp_path / "run" / ".hydra").glob("run_*/config.yaml"))) == 1
 
 
+def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
+    """Two runs given one hydra.run.dir at once (or started in the same second into the default folder) both
+    wrote it, one's checkpoints lost: the first holds run/.lock while it trains, the second is refused in one
+    line, and once the lock is released (however the holder ended) a run goes ahead."""
+    import fcntl
+
+    from helpers import make_cfg
+
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / ".lock", "w") as held:  # as another process's run holds it
+        held.write("pid 4242 on elsewhere\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        refused = lltm_train(tmp_path, *TINY, "hydra.run.dir=run")
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "/run (pid 4242 on elsewhere): wait for it to end" in refused.stderr
+        assert not (tmp_path / "run" / "checkpoints").exists()
+    metrics = train(make_cfg(tmp_path / "run", *TINY))
+    assert metrics["train/loss"] > 0 and (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "run" / ".lock").read_text().startswith("pid ")
+
+
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):
     """backend=cuda fails on a CPU trainer; the cpp and python jobs still run. Many fixed overrides (and a path
     with a slash) once made the job directory's name too long, or nested it."""
