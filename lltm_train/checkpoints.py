@@ -27,10 +27,12 @@ def slurm_requeued() -> bool:
         return False
 
 
-def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bool = False) -> str | None:
+def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bool = False,
+                       sweep_job: bool = False) -> str | None:
     """The checkpoint to resume from (``ckpt_path``: None, ``"last"`` or a file); refuses to start afresh
     over an earlier run's checkpoints, except that a ``requeued`` job (see :func:`slurm_requeued`) goes on
-    from the newest readable one, as ``ckpt_path=last`` would.
+    from the newest readable one, as ``ckpt_path=last`` would. A ``sweep_job`` with ``ckpt_path=last`` and no
+    checkpoint (a killed sweep's job that never started) starts afresh.
 
     Raises:
         ConfigError: no checkpoint where one was asked for, or checkpoints where none was.
@@ -45,6 +47,9 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
                               "or leave hydra.run.dir to its default for a new run")
         return None
     if ckpt_path == "last":
+        if not existing and sweep_job:
+            log.info(f"lltm-train: ckpt_path=last: no checkpoint in {checkpoint_dir}: this sweep job starts afresh")
+            return None
         if not existing:
             raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
                               "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")

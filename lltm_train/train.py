@@ -12,6 +12,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
@@ -188,7 +190,8 @@ def build(cfg: DictConfig) -> Built:
     stateful = {"stateful": True} if spec.stateful else {}  # only token data sets are read as streams
     task: RecurrentTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
-    ckpt = resolve_checkpoint(cfg.ckpt_path, run_files.checkpoint_dir(cfg.paths.output_dir), requeued=slurm_requeued())
+    ckpt = resolve_checkpoint(cfg.ckpt_path, run_files.checkpoint_dir(cfg.paths.output_dir), requeued=slurm_requeued(),
+                              sweep_job=HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN)
     resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
     if cfg.logger and str(cfg.logger.get("_target_", "")).endswith("MLFlowLogger"):
         try:

@@ -190,6 +190,23 @@ def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
     assert (tmp_path / "run" / ".lock").read_text().startswith("pid ")
 
 
+def test_a_killed_sweep_resumes_its_jobs_and_starts_those_that_never_started(tmp_path):
+    """-m ... hydra.sweep.dir=S ckpt_path=last: a job with checkpoints goes on from them, a job without (it never
+    started: its folder is missing) starts afresh instead of failing with "no checkpoint"."""
+    sweep = ["-m", "backend=python,cpp", *TINY, "hydra.sweep.dir=sweep"]
+    first = lltm_train(tmp_path, *sweep)
+    assert first.returncode == 0, first.stderr[-3000:]
+    import shutil
+
+    shutil.rmtree(tmp_path / "sweep" / "1_backend=cpp")  # as if the sweep had been killed during job 0
+    resumed = lltm_train(tmp_path, *sweep, "trainer.max_steps=4", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for job, start in (("0_backend=python", 2), ("1_backend=cpp", None)):
+        last = torch.load(tmp_path / "sweep" / job / "checkpoints" / "last.ckpt", weights_only=False)
+        assert last["global_step"] == 4, job
+        assert (start is None) == (not list((tmp_path / "sweep" / job / ".hydra").glob("resume_*"))), job
+
+
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):
     """backend=cuda fails on a CPU trainer; the cpp and python jobs still run. Many fixed overrides (and a path
     with a slash) once made the job directory's name too long, or nested it."""
