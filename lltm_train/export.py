@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         if not hasattr(task.net, "embedding"):
             raise ConfigError("lltm-export takes token models (the text data sets, copy)")
         model = token_model(task.net)
-        what = ": torch.export, then AOTInductor's C++ compile, about a minute" if a.format == "aoti" else ""
+        what = ": torch.export, then AOTInductor's C++ compile (tens of seconds)" if a.format == "aoti" else ""
         print(f"lltm-export: writing {out} ({a.format}{what}), then checking it in a fresh process", flush=True)
         with warnings.catch_warnings():  # torch's own "torch.jit.trace is deprecated": the warning above says it once
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
