@@ -108,10 +108,11 @@ def _heads_hint(task: RecurrentTask, ours: dict, theirs: dict) -> str:
 _RESUME_HINT = "resume with the dataset and model settings of the run that wrote it (its .hydra/config.yaml)"
 
 
-def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -> int:
+def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -> tuple[int, dict]:
     """Raises ConfigError unless the checkpoint holds this model's parameters (names and shapes) and cell (the
     hyperparameter: the Elman RNN's tanh and ReLU have the same shapes), this optimiser's state, and data state
-    (a text's vocabulary) that this data module accepts. Returns the checkpoint's step (optimiser steps done)."""
+    (a text's vocabulary) that this data module accepts. Returns the checkpoint's step (optimiser steps done) and
+    its data settings (``{}`` where it has none), for :func:`check_data_settings` once the run's are known."""
     try:
         ckpt = read_checkpoint(Path(path))
     except ConfigError as exc:
@@ -136,9 +137,9 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     if saved_keys and saved_keys != our_keys:
         raise ConfigError(f"ckpt_path: {path} holds the state of another optimizer (settings {sorted(saved_keys)}); resume with "
                           f"the model.optimizer of the run that wrote it")
-    _check_data_settings(path, ckpt, datamodule)
     restore_data_state(ckpt, datamodule)
-    return int(ckpt.get("global_step", 0))
+    settings = next((state["settings"] for state in _data_states(ckpt) if isinstance(state.get("settings"), dict)), {})
+    return int(ckpt.get("global_step", 0)), settings
 
 
 # loader processes change no batch; the rest (batch size, lengths, splits, permutation, seed, data set) decide
@@ -146,11 +147,10 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
 _DATA_SETTINGS_FREE = {"dataset.num_workers"}
 
 
-def _check_data_settings(path: str, ckpt: dict, datamodule: SequenceDataModule) -> None:
-    """ConfigError where the checkpoint's data settings (saved since they were: older checkpoints have none)
-    differ from this run's in a setting both have, but for the loader processes."""
-    ours = datamodule.settings or {}
-    theirs = next((state["settings"] for state in _data_states(ckpt) if isinstance(state.get("settings"), dict)), {})
+def check_data_settings(path: str, theirs: dict, ours: dict) -> None:
+    """ConfigError where a checkpoint's data settings (:attr:`SequenceDataModule.settings`, saved since
+    2026-12-07: older checkpoints have none) differ from this run's in a setting both have, but for the loader
+    processes."""
     changed = [f"{key}={theirs[key]} there, {ours[key]} here" for key in sorted(ours.keys() & theirs.keys())
                if key not in _DATA_SETTINGS_FREE and theirs[key] != ours[key]]
     if changed:

@@ -24,7 +24,7 @@ from . import run_files
 from .backends import resolve_backend
 from .callbacks import Throughput
 from .callbacks.stop import signals_handled
-from .checkpoints import check_fits, resolve_checkpoint, slurm_requeued
+from .checkpoints import check_data_settings, check_fits, resolve_checkpoint, slurm_requeued
 from .config import ConfigError, check_config, max_time_seconds
 from .data import SequenceDataModule
 from .host_memory import keep_freed_memory
@@ -174,6 +174,18 @@ class Built:
     ckpt_path: str | None
 
 
+_GLOBAL_BATCH = "global batch (dataset.batch_size x processes)"
+
+
+def _data_settings(cfg: DictConfig, world_size: int) -> dict:
+    """The settings that decide a run's batches, as checkpoints keep them: the dataset group's (its batch size as
+    the global batch: a DDP run's checkpoint resumes on one process with the same global batch) and the seed."""
+    settings = {f"dataset.{k}": v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items()}
+    if isinstance(settings.get("dataset.batch_size"), int):
+        settings[_GLOBAL_BATCH] = settings.pop("dataset.batch_size") * world_size
+    return {**settings, "seed": cfg.seed}
+
+
 def build(cfg: DictConfig) -> Built:
     """Everything before training: checks the config and builds the data, the task, the callbacks, the logger
     and the Trainer. Any error here is a configuration error, reported before a step runs (:func:`train`
@@ -182,8 +194,6 @@ def build(cfg: DictConfig) -> Built:
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule: SequenceDataModule = instantiate(cfg.dataset)
-    datamodule.settings = {**{f"dataset.{k}": v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items()},
-                           "seed": cfg.seed}
     datamodule.setup("fit")
     _check_kind(cfg, datamodule)
     spec = datamodule.problem  # the model group's LightningModule, given the data set's sizes:
@@ -192,7 +202,7 @@ def build(cfg: DictConfig) -> Built:
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     ckpt = resolve_checkpoint(cfg.ckpt_path, run_files.checkpoint_dir(cfg.paths.output_dir), requeued=slurm_requeued(),
                               sweep_job=HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN)
-    resumed_step = check_fits(ckpt, task, datamodule) if ckpt is not None else None
+    resumed_step, saved_data = check_fits(ckpt, task, datamodule) if ckpt is not None else (None, {})
     if cfg.logger and str(cfg.logger.get("_target_", "")).endswith("MLFlowLogger"):
         try:
             import mlflow  # noqa: F401
@@ -206,6 +216,9 @@ def build(cfg: DictConfig) -> Built:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer),
                                      **_strategy(cfg.trainer), **_max_time(cfg.trainer))
+    datamodule.settings = _data_settings(cfg, trainer.world_size)
+    if ckpt is not None:
+        check_data_settings(ckpt, saved_data, datamodule.settings)
     _check_run(cfg, trainer, task)
     _check_processes(cfg, trainer, datamodule)
     if cfg.backend == "cuda" and not torch.cuda.is_available():

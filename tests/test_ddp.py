@@ -54,8 +54,13 @@ def test_ddp_trains_as_one_process_with_the_global_batch_and_validates_every_sam
     [evaluated] = built.trainer.validate(built.task, datamodule=built.datamodule, ckpt_path=str(ckpt), verbose=False)
     assert abs(evaluated["val/loss"] - scalars(ddp, "val/loss")[-1][1]) <= 1e-6 * evaluated["val/loss"] + 1e-7
 
-    # The DDP checkpoint resumes on one process: on from step 12, after the samples already trained.
-    resumed = run(tmp_path / "multi", *COMMON, "trainer.max_steps=18", "dataset.batch_size=16", "hydra.run.dir='0_seed=1234'", "ckpt_path=last")
+    # The DDP checkpoint resumes on one process with the same global batch: on from step 12, after the samples
+    # already trained (the run's own settings, trainer.devices=2 among them, apply again unless given: a global
+    # batch of 2 x 16 is refused, as other data settings are).
+    args = [*COMMON, "trainer.max_steps=18", "dataset.batch_size=16", "hydra.run.dir='0_seed=1234'", "ckpt_path=last"]
+    refused = run(tmp_path / "multi", *args)
+    assert refused.returncode == 2 and "(global batch (dataset.batch_size x processes)=16 there, 32 here)" in refused.stderr
+    resumed = run(tmp_path / "multi", *args, "trainer.devices=1", "trainer.strategy=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "starts again" not in resumed.stderr
     assert torch.load(ckpt, weights_only=False)["global_step"] == 18

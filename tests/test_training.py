@@ -310,7 +310,7 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
         build(make_cfg(tmp_path / "relu", *common, "model.cell=rnn_relu",
                        f"ckpt_path={tmp_path / 'tanh' / 'checkpoints' / 'last.ckpt'}"))
     # the data settings that decide the batches are those of the run that wrote it; the loader processes are free
-    with pytest.raises(ConfigError, match=r"with other data settings \(dataset.batch_size=8 there, 4 here\): its remaining batches"):
+    with pytest.raises(ConfigError, match=r"with other data settings \(global batch \(dataset.batch_size x processes\)=8 there, 4 here\): its remaining"):
         build(make_cfg(tmp_path / "d", *common, "dataset.batch_size=4", f"ckpt_path={ckpt}"))
     with pytest.raises(ConfigError, match=r"other data settings \(dataset.seq_len=30 there, 20 here; seed=1234 there, 3 here\)"):
         build(make_cfg(tmp_path / "e", *common, "dataset.seq_len=20", "seed=3", f"ckpt_path={ckpt}"))

@@ -77,8 +77,9 @@ class SequenceDataModule(L.LightningDataModule, ABC):
     """
 
     problem: Problem
-    #: The settings that decide the data (``{"dataset.batch_size": 64, ..., "seed": 0}``), set by the training
-    #: command; saved in each checkpoint, so that a resume with other data settings is refused (``check_fits``).
+    #: The settings that decide the batches (``{"dataset.seq_len": 128, ..., "seed": 0}``), set by the training
+    #: command; saved in each checkpoint, so that a resume with other data settings is refused
+    #: (``checkpoints.check_data_settings``).
     settings: dict | None = None
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0) -> None:
