@@ -29,8 +29,9 @@
 #              too, which alone fills most of a call), SUITE_LIMIT s
 #   wave128:   stack_timing.py at width 128 (3 and 2 one-direction layers) with the wavefront from width 128 (today's rule:
 #              from 256), captured and eager: issue 38's GRU 3 layers (1.05x cuDNN, captured, layer by layer)
-#   smnist_pair: two pixel sMNIST runs at once for EPOCHS epochs (default 190), VARIANTS="overrides A|overrides B"
-#              (default zoneout [0.5, 0.05] and [0.15, 0.05]), both logs and CSV metrics into $OUT
+#   smnist_pair: two runs of EXPERIMENT (default smnist_pixels) at once, at the recipe's epochs (EPOCHS overrides),
+#              VARIANTS="overrides A|overrides B" (default zoneout [0.5, 0.05] and [0.15, 0.05]), logs and CSV metrics
+#              into $OUT. Issue 40's psMNIST zoneout pair: EXPERIMENT=psmnist VARIANTS="model.zoneout=0|model.zoneout=[0.5,0.05]"
 #   captured:  stack_timing.py --captured on this tree (one stream under capture), then
 #              ../2026-12-06_h100_s25/next_captured_streams.patch (the stacks' streams inside a CUDA graph capture) applied
 #              in place: its CUDA tests and stack_timing.py --captured again; the patch is reverted at the end
@@ -168,8 +169,8 @@ PY
     i=0
     for v in "$A" "$B"; do
       i=$((i + 1))
-      (timeout "${SMNIST_LIMIT:-540}" python3 -m lltm_train experiment=smnist_pixels backend=cuda trainer.accelerator=gpu \
-        trainer.max_epochs="${EPOCHS:-190}" logger=csv hydra.run.dir=/tmp/smnist_$i $v 2>&1 | tr '\r' '\n' \
+      (timeout "${SMNIST_LIMIT:-540}" python3 -m lltm_train experiment="${EXPERIMENT:-smnist_pixels}" backend=cuda \
+        trainer.accelerator=gpu ${EPOCHS:+trainer.max_epochs=$EPOCHS} logger=csv hydra.run.dir=/tmp/smnist_$i $v 2>&1 | tr '\r' '\n' \
         | grep -v -E "it/s|step/s" | tail -n 25 > /tmp/smnist_$i.log) &
     done
     wait
