@@ -12,7 +12,7 @@ from hydra.utils import to_absolute_path
 
 from .config import ConfigError
 from .data import SequenceDataModule
-from .run_files import CHECKPOINT_SUFFIX
+from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS
 from .tasks import RecurrentTask
 
 log = logging.getLogger("lltm_train")
@@ -32,7 +32,7 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
     """The checkpoint to resume from (``ckpt_path``: None, ``"last"`` or a file); refuses to start afresh
     over an earlier run's checkpoints, except that a ``requeued`` job (see :func:`slurm_requeued`) goes on
     from the newest readable one, as ``ckpt_path=last`` would. A ``sweep_job`` with ``ckpt_path=last`` and no
-    checkpoint (a killed sweep's job that never started) starts afresh.
+    checkpoint (a killed sweep's job that never started) starts afresh, where another job of the sweep has one.
 
     Raises:
         ConfigError: no checkpoint where one was asked for, or checkpoints where none was.
@@ -47,9 +47,14 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
                               "or leave hydra.run.dir to its default for a new run")
         return None
     if ckpt_path == "last":
-        if not existing and sweep_job:
+        sweep_dir = checkpoint_dir.parent.parent
+        if not existing and sweep_job and any(sweep_dir.glob(f"*/{CHECKPOINTS}/*{CHECKPOINT_SUFFIX}")):
             log.info(f"lltm-train: ckpt_path=last: no checkpoint in {checkpoint_dir}: this sweep job starts afresh")
             return None
+        if not existing and sweep_job:  # no job of it has one: a mistyped or forgotten hydra.sweep.dir
+            raise ConfigError(f"ckpt_path=last: no job of the sweep in {sweep_dir} has a checkpoint; name the sweep to "
+                              "resume with hydra.sweep.dir=<its folder, e.g. multirun/2026-11-29_16-00-00>, or run it "
+                              "without ckpt_path")
         if not existing:
             raise ConfigError(f"ckpt_path=last: no checkpoint in {checkpoint_dir}; name the run to resume with "
                               "hydra.run.dir=<its directory, e.g. outputs/shakespeare/2026-11-29_16-00-00>")
@@ -142,17 +147,21 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     return int(ckpt.get("global_step", 0)), settings
 
 
-# loader processes change no batch; the rest (batch size, lengths, splits, permutation, seed, data set) decide
-# which batches the resumed steps see
-_DATA_SETTINGS_FREE = {"dataset.num_workers"}
+# loader processes change no batch, and a text is checked by its contents (TextDataModule: a moved file is the same
+# text); the rest (batch size, lengths, splits, permutation, seed, data set) decide which batches the resumed steps see
+_DATA_SETTINGS_FREE = {"dataset.num_workers", "dataset.path"}
+_UNSET = "(not set)"
 
 
 def check_data_settings(path: str, theirs: dict, ours: dict) -> None:
     """ConfigError where a checkpoint's data settings (:attr:`SequenceDataModule.settings`, saved since
-    2026-12-07: older checkpoints have none) differ from this run's in a setting both have, but for the loader
-    processes."""
-    changed = [f"{key}={theirs[key]} there, {ours[key]} here" for key in sorted(ours.keys() & theirs.keys())
-               if key not in _DATA_SETTINGS_FREE and theirs[key] != ours[key]]
+    2026-12-07: older checkpoints have none and are not checked) differ from this run's, a setting one side lacks
+    included, but for the loader processes and a text's path."""
+    if not theirs:
+        return
+    changed = [f"{key}={theirs.get(key, _UNSET)} there, {ours.get(key, _UNSET)} here"
+               for key in sorted(ours.keys() | theirs.keys())
+               if key not in _DATA_SETTINGS_FREE and theirs.get(key, _UNSET) != ours.get(key, _UNSET)]
     if changed:
         raise ConfigError(f"ckpt_path: {path} was written with other data settings ({'; '.join(changed[:3])}): "
                           f"its remaining batches would not be the ones it left; {_RESUME_HINT}")

@@ -33,7 +33,8 @@ from .config import ConfigError, cell_backends, close_setting, config_dir, hydra
 from .console import quiet_upstream_warnings, route_warnings
 from .metric_names import higher_is_better
 from .report import short_number
-from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOG, config_record, overrides_record
+from .run_files import CHECKPOINT_SUFFIX, CHECKPOINTS, DIVERGED, ERROR, HYDRA, LOCK, LOG, SWEEP_JOB, config_record, overrides_record
+from .run_lock import RunFolderBusy
 
 # Errors that mean "fix the command line or the config" (or a diverged run), not a bug: one line each.
 _REPORTED = (ConfigError, HydraException, OmegaConfBaseException, FloatingPointError, CheckpointWriteError)
@@ -119,8 +120,12 @@ def _run(cfg: DictConfig) -> float | None:
     global _job_started
     _job_started = True
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    if in_sweep and _optimising_sweeper() and cfg.get("ckpt_path") is not None:
+        _fail(ConfigError("ckpt_path: a hyperparameter search cannot be resumed (the sweeper's study lives in memory, "
+                          "and its trials learn their values only from runs that train to the end); run it again "
+                          "without ckpt_path, or resume one trial: hydra.run.dir=<its folder> ckpt_path=last"))
     argv, environ = sys.argv, dict(os.environ)
-    _pin_job_for_ddp_processes()
+    _pin_job_for_ddp_processes(in_sweep)
     try:
         value = train(cfg).get(cfg.optimized_metric)  # what a sweeper optimises (None: the run did not log it)
         if in_sweep and _optimising_sweeper() and (value is None or not math.isfinite(value)):
@@ -131,6 +136,12 @@ def _run(cfg: DictConfig) -> float | None:
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise
+        if isinstance(exc, RunFolderBusy):  # the folder is another run's: nothing written into it, nor removed
+            if not in_sweep:
+                _fail(exc)
+            _failed_jobs[str(Path(cfg.paths.output_dir).resolve())] = one_line(exc)
+            print(f"lltm-train: error in job {Path(cfg.paths.output_dir).name}: {one_line(exc)}", file=sys.stderr, flush=True)
+            return None
         if in_sweep:
             return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc))
         _remove_if_empty(Path(cfg.paths.output_dir))
@@ -171,15 +182,18 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _pin_job_for_ddp_processes() -> None:
+def _pin_job_for_ddp_processes(in_sweep: bool) -> None:
     """Makes the command that Lightning re-runs for DDP's other processes (``sys.argv`` plus
-    ``hydra.run.dir=<run.dir>``) run this very job in this job's directory.
+    ``hydra.run.dir=<run.dir>``) run this very job in this job's directory, and tells them (``LLTM_SWEEP_JOB``)
+    when it is a sweep's job, which they run as a single run.
 
     Without this, a sweep's job would start the whole sweep again in every other process (the command line
     has ``-m`` and the swept lists), and ``run.dir``, which is not the job's directory in a sweep and holds
     ``${now:...}``, would send the other processes' files to another, new ``outputs/`` folder."""
     if "LOCAL_RANK" in os.environ:  # one of those processes itself
         return
+    if in_sweep:  # (the job's environment is restored when it ends)
+        os.environ[SWEEP_JOB] = "1"
     hydra_cfg = HydraConfig.get()
     sys.argv = [sys.argv[0], *_config_source_flags(sys.argv), *hydra_cfg.overrides.task]
     with read_write(hydra_cfg):
@@ -218,7 +232,7 @@ def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -
 
 def _remove_if_empty(run_dir: Path) -> None:
     """Removes the run directory Hydra made for a job that failed before writing anything of its own."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG}:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG, LOCK}:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

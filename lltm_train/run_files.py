@@ -13,7 +13,7 @@ A run directory holds::
     mlflow.db         logger=mlflow: MLflow's store (SQLite), its artifacts in mlartifacts/
     error.txt         why the job failed (a sweep's job): one line, then the traceback
     diverged.txt      why the run counts as diverged (model.divergence): one line
-    .lock             held (flock) by the run training in the folder: a second run aimed at it is refused
+    .lock             locked (lockf) by the run training in the folder: a second run aimed at it is refused
 
 The configs name some of these too, and must agree (tests/test_run_files.py checks them): the checkpoint
 callbacks' ``dirpath`` and ``filename`` (conf/callbacks/default.yaml), the loggers' folders and MLflow's
@@ -41,6 +41,7 @@ MLFLOW_DB = "mlflow.db"
 ERROR = "error.txt"
 DIVERGED = "diverged.txt"
 LOCK = ".lock"
+SWEEP_JOB = "LLTM_SWEEP_JOB"  # environment: "1" in the other processes of a sweep job's DDP run
 
 
 def config_record(run_dir: str | Path) -> Path:

@@ -5,6 +5,7 @@ checkpoints and logs, and the "holds checkpoints" refusal acts only once a check
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 from collections.abc import Iterator
@@ -22,35 +23,47 @@ except ImportError:  # not POSIX: no lock
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
 
 
+class RunFolderBusy(ConfigError):
+    """Another process is training in the run folder: the folder is that run's (nothing may be written into it,
+    nor the folder removed, on this refusal's account)."""
+
+
 def _launched_rank() -> bool:
     return any(os.environ.get(name, "0").strip() not in ("", "0") for name in _RANK_VARIABLES)
 
 
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
-    """Holds ``<run_dir>/.lock`` (an advisory ``flock``, which the system drops when the process ends, however it
-    ends: a killed run leaves no stale lock) while the block runs. In a process of a multi-process run other than
-    the first, a no-op.
+    """Holds a lock on ``<run_dir>/.lock`` while the block runs: a POSIX record lock (``lockf``), which the
+    system drops when the process ends, however it ends, and which forked processes (data-loader workers) do not
+    inherit, so a killed run leaves no stale lock. In a process of a multi-process run other than the first, a
+    no-op; on a file system without locks, the run goes on unguarded.
 
     Raises:
-        ConfigError: another process holds it (the message names its pid and host).
+        RunFolderBusy: another process holds it (the message names its pid and host).
+        ConfigError: the lock file cannot be opened (permission denied).
     """
     if fcntl is None or _launched_rank():
         yield
         return
     path = Path(run_dir) / LOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as exc:
+        raise ConfigError(f"cannot open {path}, the run folder's lock ({exc.strerror}); choose another "
+                          "hydra.run.dir") from None
+    with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):  # no locks here (NFS mounted nolock)
+                yield
+                return
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise ConfigError(f"another run is training in {run_dir} ({holder}): wait for it to end, or give this run "
-                              "another hydra.run.dir") from None
-        except OSError:  # a file system without locks (NFS mounted nolock): trains unguarded, as before
-            yield
-            return
+            raise RunFolderBusy(f"another run is training in {run_dir} ({holder}): wait for it to end, or give this run "
+                                "another hydra.run.dir") from None
         try:
             f.seek(0)
             f.truncate()
@@ -58,4 +71,4 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
             f.flush()
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.lockf(f, fcntl.LOCK_UN)

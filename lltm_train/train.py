@@ -201,7 +201,8 @@ def build(cfg: DictConfig) -> Built:
     task: RecurrentTask = instantiate(cfg.model)(spec.input_size, spec.output_size, baseline_loss=spec.baseline_loss, **stateful)
     callbacks = [instantiate(node) for node in (cfg.callbacks or {}).values() if node]
     ckpt = resolve_checkpoint(cfg.ckpt_path, run_files.checkpoint_dir(cfg.paths.output_dir), requeued=slurm_requeued(),
-                              sweep_job=HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN)
+                              sweep_job=(HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN)
+                              or os.environ.get(run_files.SWEEP_JOB) == "1")
     resumed_step, saved_data = check_fits(ckpt, task, datamodule) if ckpt is not None else (None, {})
     if cfg.logger and str(cfg.logger.get("_target_", "")).endswith("MLFlowLogger"):
         try:

@@ -6,6 +6,7 @@ Bad settings are checked in-process through Hydra's compose API and :func:`lltm_
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -180,14 +181,47 @@ def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
     with open(tmp_path / "run" / ".lock", "w") as held:  # as another process's run holds it
         held.write("pid 4242 on elsewhere\n")
         held.flush()
-        fcntl.flock(held, fcntl.LOCK_EX)
+        fcntl.lockf(held, fcntl.LOCK_EX)
         refused = lltm_train(tmp_path, *TINY, "hydra.run.dir=run")
         assert refused.returncode == 2, refused.stderr[-3000:]
         assert "/run (pid 4242 on elsewhere): wait for it to end" in refused.stderr
         assert not (tmp_path / "run" / "checkpoints").exists()
+        assert (tmp_path / "run" / ".hydra").is_dir()  # the folder is the holder's: not removed on the refusal's account
+        # a sweep's job refused so writes no error.txt into the holder's folder; the sweep's other job runs
+        (tmp_path / "sweep" / "0_seed=1").mkdir(parents=True)
+        with open(tmp_path / "sweep" / "0_seed=1" / ".lock", "w") as job:
+            fcntl.lockf(job, fcntl.LOCK_EX)
+            swept = lltm_train(tmp_path, "-m", "seed=1,2", *TINY, "hydra.sweep.dir=sweep")
+        assert swept.returncode == 1 and "error in job 0_seed=1: another run is training in" in swept.stderr
+        assert not (tmp_path / "sweep" / "0_seed=1" / "error.txt").exists()
+        assert (tmp_path / "sweep" / "1_seed=2" / "checkpoints" / "last.ckpt").is_file()
     metrics = train(make_cfg(tmp_path / "run", *TINY))
     assert metrics["train/loss"] > 0 and (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "run" / ".lock").read_text().startswith("pid ")
+    # a run refused for a bad setting leaves no folder behind (the lock file included)
+    (tmp_path / "fresh").mkdir()
+    bad = lltm_train(tmp_path / "fresh", *TINY, "model.optimizer.lr=-1")
+    assert bad.returncode == 2 and not list((tmp_path / "fresh").glob("outputs/*/*")), bad.stderr[-2000:]
+
+
+def test_the_run_folders_lock_is_not_held_by_forked_processes(tmp_path):
+    """Data-loader workers are forked: a lock they inherited kept a killed run's folder locked until they died
+    (about 5 s), and the resume right after was refused. The lock is the process's own (lockf)."""
+    from lltm_train.run_lock import run_dir_lock
+
+    script = ("import os, sys, time\nfrom lltm_train.run_lock import run_dir_lock\n"
+              "with run_dir_lock(sys.argv[1]):\n"
+              "    child = os.fork()\n"
+              "    if child == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+              "    open(sys.argv[2], 'w').write(str(child))\n    os._exit(0)\n")  # dies holding the lock; its child lives on
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), str(tmp_path / "child")], timeout=60,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    child = int((tmp_path / "child").read_text())
+    try:
+        with run_dir_lock(tmp_path / "run"):
+            pass
+    finally:
+        os.kill(child, 9)
 
 
 def test_a_killed_sweep_resumes_its_jobs_and_starts_those_that_never_started(tmp_path):
@@ -205,6 +239,16 @@ def test_a_killed_sweep_resumes_its_jobs_and_starts_those_that_never_started(tmp
         last = torch.load(tmp_path / "sweep" / job / "checkpoints" / "last.ckpt", weights_only=False)
         assert last["global_step"] == 4, job
         assert (start is None) == (not list((tmp_path / "sweep" / job / ".hydra").glob("resume_*"))), job
+    # a mistyped sweep folder (no job of it has a checkpoint) is refused job by job, not started afresh
+    typo = lltm_train(tmp_path, *[a if a != "hydra.sweep.dir=sweep" else "hydra.sweep.dir=swep" for a in sweep],
+                      "ckpt_path=last")
+    assert typo.returncode == 2, typo.stderr[-3000:]
+    assert all(f"error in job {job}: ckpt_path=last: no job of the sweep in" in typo.stderr
+               for job in ("0_backend=python", "1_backend=cpp"))
+    assert not list((tmp_path / "swep").glob("*/checkpoints"))
+    # a hyperparameter search is not resumable: one line before any trial
+    search = lltm_train(tmp_path, "hparams_search=lm_optuna", *TINY, "hydra.sweep.dir=search", "ckpt_path=last")
+    assert search.returncode == 2 and "a hyperparameter search cannot be resumed" in search.stderr, search.stderr[-3000:]
 
 
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):

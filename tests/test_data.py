@@ -78,6 +78,25 @@ def test_restored_vocabulary_must_match(tmp_path):
         dm.setup("fit")
 
 
+def test_a_checkpoint_of_another_text_is_refused_and_a_moved_text_accepted(tmp_path):
+    """The text's SHA-256 travels in the state: the same characters in another order (same vocabulary) were
+    accepted, so a resume trained on other data silently; the same file under another path is the same text."""
+    (tmp_path / "a.txt").write_text("abc" * 1000)
+    dm = TextDataModule(path=str(tmp_path / "a.txt"), seq_len=8)
+    dm.setup("fit")
+    state = dm.state_dict()
+    (tmp_path / "moved.txt").write_text("abc" * 1000)
+    moved = TextDataModule(path=str(tmp_path / "moved.txt"), seq_len=8)
+    moved.setup("fit")
+    moved.load_state_dict(state)
+    (tmp_path / "b.txt").write_text("cba" * 1000)
+    other = TextDataModule(path=str(tmp_path / "b.txt"), seq_len=8)
+    other.setup("fit")
+    assert other.vocab == dm.vocab
+    with pytest.raises(ValueError, match=r"trained on another text than .*b\.txt \(their SHA-256 differ\)"):
+        other.load_state_dict(state)
+
+
 @pytest.mark.parametrize("mode, shape", [("rows", (28, 28)), ("pixels", (784, 1))])
 def test_sequential_mnist(mode, shape):
     dm = SequentialMNISTDataModule(mode=mode, batch_size=8)

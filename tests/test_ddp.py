@@ -67,6 +67,20 @@ def test_ddp_trains_as_one_process_with_the_global_batch_and_validates_every_sam
     assert [s for s, _ in scalars(ddp, "train/loss")] == list(range(18))
 
 
+def test_a_resumed_sweep_of_ddp_jobs_starts_the_job_that_never_started(tmp_path):
+    """-m ... ckpt_path=last where a job has no checkpoint yet: it starts afresh in both of its processes (the
+    second, re-run by Lightning as a single run, once refused "no checkpoint" and took the whole sweep down)."""
+    first = run(tmp_path, "-m", *COMMON, "trainer.max_steps=6", "dataset.batch_size=16", "seed=1,2", "hydra.sweep.dir=s")
+    assert first.returncode == 0, first.stderr[-3000:]
+    import shutil
+
+    shutil.rmtree(tmp_path / "s" / "1_seed=2")  # killed while job 0 ran
+    resumed = run(tmp_path, "-m", *COMMON, "trainer.max_steps=12", *DDP, "seed=1,2", "hydra.sweep.dir=s", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for job in ("0_seed=1", "1_seed=2"):
+        assert torch.load(tmp_path / "s" / job / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
 @pytest.mark.slow
 def test_ddp_with_gradient_accumulation_trains_as_one_process_with_the_same_samples_per_step(tmp_path):
     """2 processes x 8 samples x 2 accumulated batches against 1 process x 16 x 2: the same 32 samples a step."""

@@ -314,6 +314,8 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
         build(make_cfg(tmp_path / "d", *common, "dataset.batch_size=4", f"ckpt_path={ckpt}"))
     with pytest.raises(ConfigError, match=r"other data settings \(dataset.seq_len=30 there, 20 here; seed=1234 there, 3 here\)"):
         build(make_cfg(tmp_path / "e", *common, "dataset.seq_len=20", "seed=3", f"ckpt_path={ckpt}"))
+    with pytest.raises(ConfigError, match=r"other data settings \(dataset.seq_len=30 there, \(not set\) here\)"):
+        build(make_cfg(tmp_path / "g", *common, "~dataset.seq_len", f"ckpt_path={ckpt}"))  # the module's default: 100
     assert build(make_cfg(tmp_path / "f", *common, "dataset.num_workers=1", f"ckpt_path={ckpt}")).ckpt_path == str(ckpt)
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
