@@ -121,6 +121,7 @@ def _run(cfg: DictConfig) -> float | None:
     _job_started = True
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     if in_sweep and _optimising_sweeper() and cfg.get("ckpt_path") is not None:
+        _remove_if_empty(Path(cfg.paths.output_dir))  # the first trial's folder, which Hydra made
         _fail(ConfigError("ckpt_path: a hyperparameter search cannot be resumed (the sweeper's study lives in memory, "
                           "and its trials learn their values only from runs that train to the end); run it again "
                           "without ckpt_path, or resume one trial: hydra.run.dir=<its folder> ckpt_path=last"))
@@ -136,7 +137,8 @@ def _run(cfg: DictConfig) -> float | None:
     except _REPORTED as exc:  # reported here: Hydra would add its own line about the failed job
         if not _one_line_errors:
             raise
-        if isinstance(exc, RunFolderBusy):  # the folder is another run's: nothing written into it, nor removed
+        if isinstance(exc, RunFolderBusy):  # the folder is another run's: nothing left in it, nor removed
+            _remove_own_record(Path(cfg.paths.output_dir))
             if not in_sweep:
                 _fail(exc)
             _failed_jobs[str(Path(cfg.paths.output_dir).resolve())] = one_line(exc)
@@ -232,8 +234,16 @@ def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -
 
 def _remove_if_empty(run_dir: Path) -> None:
     """Removes the run directory Hydra made for a job that failed before writing anything of its own."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG, LOCK}:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG, LOCK} and not (run_dir / LOCK).is_dir():
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _remove_own_record(run_dir: Path) -> None:
+    """Removes the settings record Hydra wrote for this job into another run's folder (``.hydra/resume_<date>`` or
+    ``.hydra/run_<date>``: hydra.output_subdir); the folder's own ``.hydra`` record is never touched."""
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    if subdir and Path(subdir).parent.name == HYDRA:
+        shutil.rmtree(run_dir / subdir, ignore_errors=True)
 
 
 def _fail(exc: BaseException) -> None:
@@ -404,7 +414,7 @@ def main() -> None:
             print(f"lltm-train: {len(_diverged_jobs)} job(s) of the sweep diverged (their diverged.txt says how): "
                   + "; ".join(f"{job}: {why}" for job, why in _diverged_jobs.items()), file=sys.stderr)
         if _failed_jobs:
-            print(f"lltm-train: {len(_failed_jobs)} job(s) of the sweep failed (their error.txt says why): "
+            print(f"lltm-train: {len(_failed_jobs)} job(s) of the sweep failed (a traceback in each one's error.txt, where it ran): "
                   + "; ".join(f"{job}: {message}" for job, message in _failed_jobs.items()), file=sys.stderr)
             sys.exit(min(len(_failed_jobs), 125))
     except _REPORTED as exc:

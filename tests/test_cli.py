@@ -7,6 +7,7 @@ Bad settings are checked in-process through Hydra's compose API and :func:`lltm_
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -177,7 +178,8 @@ def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
 
     from helpers import make_cfg
 
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    (tmp_path / "run" / ".hydra" / "config.yaml").write_text("the: holder's record\n")
     with open(tmp_path / "run" / ".lock", "w") as held:  # as another process's run holds it
         held.write("pid 4242 on elsewhere\n")
         held.flush()
@@ -186,7 +188,9 @@ def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
         assert refused.returncode == 2, refused.stderr[-3000:]
         assert "/run (pid 4242 on elsewhere): wait for it to end" in refused.stderr
         assert not (tmp_path / "run" / "checkpoints").exists()
-        assert (tmp_path / "run" / ".hydra").is_dir()  # the folder is the holder's: not removed on the refusal's account
+        # the folder is the holder's: not removed on the refusal's account, its record untouched, none added
+        assert (tmp_path / "run" / ".hydra" / "config.yaml").read_text() == "the: holder's record\n"
+        assert [p.name for p in (tmp_path / "run" / ".hydra").iterdir()] == ["config.yaml"]
         # a sweep's job refused so writes no error.txt into the holder's folder; the sweep's other job runs
         (tmp_path / "sweep" / "0_seed=1").mkdir(parents=True)
         with open(tmp_path / "sweep" / "0_seed=1" / ".lock", "w") as job:
@@ -230,8 +234,6 @@ def test_a_killed_sweep_resumes_its_jobs_and_starts_those_that_never_started(tmp
     sweep = ["-m", "backend=python,cpp", *TINY, "hydra.sweep.dir=sweep"]
     first = lltm_train(tmp_path, *sweep)
     assert first.returncode == 0, first.stderr[-3000:]
-    import shutil
-
     shutil.rmtree(tmp_path / "sweep" / "1_backend=cpp")  # as if the sweep had been killed during job 0
     resumed = lltm_train(tmp_path, *sweep, "trainer.max_steps=4", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -249,6 +251,7 @@ def test_a_killed_sweep_resumes_its_jobs_and_starts_those_that_never_started(tmp
     # a hyperparameter search is not resumable: one line before any trial
     search = lltm_train(tmp_path, "hparams_search=lm_optuna", *TINY, "hydra.sweep.dir=search", "ckpt_path=last")
     assert search.returncode == 2 and "a hyperparameter search cannot be resumed" in search.stderr, search.stderr[-3000:]
+    assert not list((tmp_path / "search").glob("*/.hydra"))  # no trial's folder left behind
 
 
 def test_a_sweep_goes_on_past_a_failing_job_and_names_jobs_by_the_swept_settings(tmp_path):

@@ -317,6 +317,11 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"other data settings \(dataset.seq_len=30 there, \(not set\) here\)"):
         build(make_cfg(tmp_path / "g", *common, "~dataset.seq_len", f"ckpt_path={ckpt}"))  # the module's default: 100
     assert build(make_cfg(tmp_path / "f", *common, "dataset.num_workers=1", f"ckpt_path={ckpt}")).ckpt_path == str(ckpt)
+    old = torch.load(ckpt, weights_only=False)  # as written before checkpoints held data settings
+    del old["AddingDataModule"]
+    torch.save(old, tmp_path / "old.ckpt")
+    with pytest.warns(UserWarning, match=r"old\.ckpt holds no data settings .*, so other ones are not refused"):
+        build(make_cfg(tmp_path / "h", *common, "dataset.batch_size=4", f"ckpt_path={tmp_path / 'old.ckpt'}"))
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.ckpt is not a readable checkpoint"):
         build(make_cfg(tmp_path / "c", *common, f"ckpt_path={tmp_path / 'junk.ckpt'}"))
