@@ -67,6 +67,7 @@ def test_ddp_trains_as_one_process_with_the_global_batch_and_validates_every_sam
     assert [s for s, _ in scalars(ddp, "train/loss")] == list(range(18))
 
 
+@pytest.mark.slow  # (28 s on 2 cores: the fast suite has the sweep resume without DDP, tests/test_cli.py)
 def test_a_resumed_sweep_of_ddp_jobs_starts_the_job_that_never_started(tmp_path):
     """-m ... ckpt_path=last where a job has no checkpoint yet: it starts afresh in both of its processes (the
     second, re-run by Lightning as a single run, once refused "no checkpoint" and took the whole sweep down)."""
