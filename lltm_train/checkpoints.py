@@ -155,9 +155,11 @@ _UNSET = "(not set)"
 
 def check_data_settings(path: str, theirs: dict, ours: dict) -> None:
     """ConfigError where a checkpoint's data settings (:attr:`SequenceDataModule.settings`, saved since
-    2026-12-07: older checkpoints have none and are not checked) differ from this run's, a setting one side lacks
-    included, but for the loader processes and a text's path."""
+    2026-12-07: older checkpoints have none, and a warning says they are not checked) differ from this run's, a
+    setting one side lacks included, but for the loader processes and a text's path."""
     if not theirs:
+        warnings.warn(f"ckpt_path: {path} holds no data settings (written before 2026-12-07), so other ones are not "
+                      "refused: resume with the dataset settings and seed of the run that wrote it", stacklevel=3)
         return
     changed = [f"{key}={theirs.get(key, _UNSET)} there, {ours.get(key, _UNSET)} here"
                for key in sorted(ours.keys() | theirs.keys())

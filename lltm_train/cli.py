@@ -139,11 +139,9 @@ def _run(cfg: DictConfig) -> float | None:
             raise
         if isinstance(exc, RunFolderBusy):  # the folder is another run's: nothing left in it, nor removed
             _remove_own_record(Path(cfg.paths.output_dir))
-            if not in_sweep:
-                _fail(exc)
-            _failed_jobs[str(Path(cfg.paths.output_dir).resolve())] = one_line(exc)
-            print(f"lltm-train: error in job {Path(cfg.paths.output_dir).name}: {one_line(exc)}", file=sys.stderr, flush=True)
-            return None
+            if in_sweep:
+                return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc), write=False)
+            _fail(exc)
         if in_sweep:
             return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc))
         _remove_if_empty(Path(cfg.paths.output_dir))
@@ -222,10 +220,12 @@ def _optimising_sweeper() -> bool:
     return not str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
 
 
-def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str) -> None:
+def _record_failed_job(job_dir: Path, exc: BaseException | None, message: str, write: bool = True) -> None:
+    """Counts the job as failed and says so; ``write``: also into its folder's error.txt (not where the folder is
+    another run's)."""
     _failed_jobs[str(job_dir.resolve())] = message
     print(f"lltm-train: error in job {job_dir.name}: {message}", file=sys.stderr, flush=True)
-    if any(p.stat().st_mtime < _started for p in job_dir.glob(f"{CHECKPOINTS}/*{CHECKPOINT_SUFFIX}")):
+    if not write or any(p.stat().st_mtime < _started for p in job_dir.glob(f"{CHECKPOINTS}/*{CHECKPOINT_SUFFIX}")):
         return  # the folder is an earlier run's (a sweep run again into the same hydra.sweep.dir): not ours to mark
     job_dir.mkdir(parents=True, exist_ok=True)
     trace = "".join(traceback.format_exception(exc)) if exc is not None else ""

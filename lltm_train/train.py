@@ -218,11 +218,8 @@ def build(cfg: DictConfig) -> Built:
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **_batches_per_step(cfg.trainer),
                                      **_strategy(cfg.trainer), **_max_time(cfg.trainer))
     datamodule.settings = _data_settings(cfg, trainer.world_size)
-    if ckpt is not None and saved_data:
+    if ckpt is not None:
         check_data_settings(ckpt, saved_data, datamodule.settings)
-    elif ckpt is not None:
-        warnings.warn(f"ckpt_path: {ckpt} holds no data settings (written before 2026-12-07), so other ones are not "
-                      "refused: resume with the dataset settings and seed of the run that wrote it", stacklevel=2)
     _check_run(cfg, trainer, task)
     _check_processes(cfg, trainer, datamodule)
     if cfg.backend == "cuda" and not torch.cuda.is_available():
