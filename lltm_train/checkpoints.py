@@ -153,14 +153,23 @@ _DATA_SETTINGS_FREE = {"dataset.num_workers", "dataset.path"}
 _UNSET = "(not set)"
 
 
+def _deciding(theirs: dict, ours: dict) -> tuple[dict, dict]:
+    """The settings that change a batch: a permutation's seed only where either side's data set is permuted."""
+    if theirs.get("dataset.permute") is False and ours.get("dataset.permute") is False:
+        return tuple({k: v for k, v in d.items() if k != "dataset.permutation_seed"} for d in (theirs, ours))
+    return theirs, ours
+
+
 def check_data_settings(path: str, theirs: dict, ours: dict) -> None:
     """ConfigError where a checkpoint's data settings (:attr:`SequenceDataModule.settings`, saved since
     2026-12-07: older checkpoints have none, and a warning says they are not checked) differ from this run's, a
-    setting one side lacks included, but for the loader processes and a text's path."""
+    setting one side lacks included, but for the loader processes, a text's path and the permutation seed of an
+    unpermuted data set."""
     if not theirs:
         warnings.warn(f"ckpt_path: {path} holds no data settings (written before 2026-12-07), so other ones are not "
                       "refused: resume with the dataset settings and seed of the run that wrote it", stacklevel=3)
         return
+    theirs, ours = _deciding(theirs, ours)
     changed = [f"{key}={theirs.get(key, _UNSET)} there, {ours.get(key, _UNSET)} here"
                for key in sorted(ours.keys() | theirs.keys())
                if key not in _DATA_SETTINGS_FREE and theirs.get(key, _UNSET) != ours.get(key, _UNSET)]

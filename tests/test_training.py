@@ -333,6 +333,19 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
         read_checkpoint(tmp_path / "a" / "checkpoints")
 
 
+def test_the_permutation_seed_of_an_unpermuted_data_set_may_change_on_resume():
+    from lltm_train.checkpoints import check_data_settings
+
+    saved = {"dataset.permute": False, "dataset.permutation_seed": 0, "seed": 1}
+    check_data_settings("x.ckpt", saved, {**saved, "dataset.permutation_seed": 7})  # no batch changes
+    check_data_settings("x.ckpt", saved, {"dataset.permute": False, "seed": 1})
+    permuted = {**saved, "dataset.permute": True}
+    with pytest.raises(ConfigError, match=r"other data settings \(dataset.permutation_seed=0 there, 7 here\)"):
+        check_data_settings("x.ckpt", permuted, {**permuted, "dataset.permutation_seed": 7})
+    with pytest.raises(ConfigError, match=r"other data settings \(dataset.permute=False there, True here\)"):
+        check_data_settings("x.ckpt", saved, {**saved, "dataset.permute": True})
+
+
 DIVERGING = ["dataset=shakespeare", "dataset.seq_len=32", "dataset.batch_size=16", "model.hidden_size=32",
              "model.cell=gru", "model.optimizer.lr=20", "trainer.max_steps=150", "trainer.val_check_interval=50",
              "trainer.log_every_n_steps=10", "trainer.limit_val_batches=2", "model.sample_length=0"]
