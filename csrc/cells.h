@@ -251,6 +251,10 @@ struct SLSTMState {
 // Saved: the four pre-activations (the `gates` buffer itself); the backward recomputes the gates from the
 // state before (kNeedsCPrev) and takes m' from the state after. It is exact, the max included: m' = i~
 // (alpha = 1) or L (alpha = 0) passes its gradient to that side.
+// i~, f~ and L are taken as stored (M::stored: rounded to a 16-bit state's type), so that m' is a value memory
+// holds exactly and the backward, which reads i~, f~ and m back from memory, finds the forward's m', i and f
+// (<= 1). With m' rounded alone, apart from c and n, a bfloat16 backward's exp(i~ - m') ran to inf where |m| is
+// large (at 4e4 a bfloat16 step is 256): NaN gradients where the python backend's were finite.
 struct SLSTMCell {
   static constexpr const char* kName = "slstm";
   static constexpr const char* kOpPrefix = "slstm_";
@@ -267,10 +271,10 @@ struct SLSTMCell {
                                        acc_t (&s)[4], SLSTMState<acc_t>& next, acc_t& h) {
 LLTM_UNROLL
     for (int q = 0; q < 4; ++q) s[q] = gx[q] + gh[q];
-    const acc_t L = prev.m + log_sigmoid<acc_t, M>(s[1]);
+    const acc_t s0 = M::stored(s[0]), L = M::stored(prev.m + log_sigmoid<acc_t, M>(M::stored(s[1])));
     const bool first = prev.n == acc_t(0);  // no history: f = 0 (exp(L - i~) may overflow, and 0 * inf is NaN)
-    const acc_t m = first || !(s[0] < L) ? s[0] : L;
-    const acc_t i = M::exp(s[0] - m), f = first ? acc_t(0) : M::exp(L - m);
+    const acc_t m = first || !(s0 < L) ? s0 : L;
+    const acc_t i = M::exp(s0 - m), f = first ? acc_t(0) : M::exp(L - m);
     next.c = f * prev.c + i * M::tanh(s[2]);
     next.n = f * prev.n + i;
     next.m = m;
@@ -281,9 +285,12 @@ LLTM_UNROLL
   template <typename acc_t, typename M>
   LLTM_HOST_DEVICE static void backward(acc_t dh, SLSTMState<acc_t>& dc, const acc_t (&s)[4], SLSTMState<acc_t> next,
                                         SLSTMState<acc_t> prev, acc_t, acc_t (&dg)[4], acc_t& dh_prev) {
-    const acc_t L = prev.m + log_sigmoid<acc_t, M>(s[1]);
+    const acc_t L = M::stored(prev.m + log_sigmoid<acc_t, M>(s[1]));
     const bool first = prev.n == acc_t(0), to_i = first || !(s[0] < L);  // alpha: m' = i~
-    const acc_t i = M::exp(s[0] - next.m), f = first ? acc_t(0) : M::exp(L - next.m), z = M::tanh(s[2]);
+    // exponents <= 0, as the forward's (m' is the larger of i~ and L), should a compiler round L otherwise here
+    const acc_t di_m = s[0] - next.m, dl_m = L - next.m;
+    const acc_t i = M::exp(di_m > acc_t(0) ? acc_t(0) : di_m), z = M::tanh(s[2]);
+    const acc_t f = first ? acc_t(0) : M::exp(dl_m > acc_t(0) ? acc_t(0) : dl_m);
     const acc_t o = sigmoid<acc_t, M>(s[3]), inv_n = acc_t(1) / next.n;
     const acc_t d_c = dc.c + dh * o * inv_n;                      // dL/dc'
     const acc_t d_n = dc.n - dh * o * next.c * inv_n * inv_n;     // dL/dn'
@@ -364,6 +371,14 @@ LLTM_HOST_DEVICE acc_t lerp(acc_t from, acc_t to, acc_t w) {
 // the running state, updated (kept by a finished row; h must hold h_{t-1} under zoneout, whatever the cell);
 // s: the activations to save (zeros for a finished row, so that every output of the op is defined); z: the
 // step's zoneout. Returns the step's output (zero for a finished row).
+// The math M of a recurrence that stores its values as scalar_t: stored(x) is x rounded as memory holds it (x
+// itself for float and double). The sLSTM takes its stabilizer from stored values (SLSTMCell says why).
+template <typename M, typename scalar_t>
+struct StoredAs : M {
+  template <typename acc_t>
+  LLTM_HOST_DEVICE static acc_t stored(acc_t x) { return static_cast<acc_t>(static_cast<scalar_t>(x)); }
+};
+
 // The cell's c state of one unit in registers (Cell::State: acc_t, or the sLSTM's three).
 template <typename Cell, typename acc_t>
 using CellState = typename Cell::template State<acc_t>;
@@ -402,7 +417,7 @@ LLTM_HOST_DEVICE void forward_step(const scalar_t* gx, const acc_t (&gh)[Cell::k
                                    const Zoneout<acc_t>& z = {}) {
   acc_t x[Cell::kGates], s[Cell::kSaved];
   if constexpr (kRun) load_blocks(gx, H, x);
-  *output = scalar_t(forward_values<Cell, M, kRun>(x, gh, c, h, s, z));
+  *output = scalar_t(forward_values<Cell, StoredAs<M, scalar_t>, kRun>(x, gh, c, h, s, z));
   store_blocks(saved, H, s);
   if constexpr (Cell::kHasCell) store_state(cell_out, H, c);
 }
@@ -471,7 +486,7 @@ LLTM_HOST_DEVICE acc_t backward_step(acc_t dh_later, acc_t d_out, CellState<Cell
                                      int64_t H, const Zoneout<acc_t>& z = {}) {
   acc_t s[Cell::kSaved];
   if constexpr (kRun) load_blocks(saved, H, s);
-  const acc_t dh_prev = backward_values<Cell, M, kRun>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg, z);
+  const acc_t dh_prev = backward_values<Cell, StoredAs<M, scalar_t>, kRun>(dh_later, d_out, dc, s, c, c_prev, h_prev, dg, z);
   store_blocks(grad, H, dg);
   return dh_prev;
 }

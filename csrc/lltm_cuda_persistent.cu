@@ -603,8 +603,8 @@ __global__ void __launch_bounds__(ForwardConfig<Cell, scalar_t, H>::NT, 1)
         const Zoneout<float> z{p.zoneout != nullptr, float(zh[j]), float(zc[j])};
         float gx[NG];
         widen(x[j], gx);
-        const float out = run ? forward_values<Cell, Math, true>(gx, gh, c[j], h[j], s, z)
-                              : forward_values<Cell, Math, false>(gx, gh, c[j], h[j], s);
+        const float out = run ? forward_values<Cell, StoredAs<Math, scalar_t>, true>(gx, gh, c[j], h[j], s, z)
+                              : forward_values<Cell, StoredAs<Math, scalar_t>, false>(gx, gh, c[j], h[j], s);
         store_blocks(p.act + t * p.act_step + b * A * HW + own + u, HW, s);
         p.output[k] = scalar_t(out);
         if (Cell::kHasCell) store_state(p.cells + t * p.cell_step + b * CB * HW + own + u, HW, c[j]);
@@ -802,8 +802,8 @@ __global__ void __launch_bounds__(BackwardConfig<Cell, scalar_t, H>::NT, 1)
         widen(sv[j], saved);
         const CellState<Cell, float> c_t = widen<float>(cc[j]), c_before = widen<float>(cp[j]);
         const float h_prev = float(hp[j]), d_out = float(go[j]);
-        carry[j] = t < len[j] ? backward_values<Cell, Math, true>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg, z)
-                              : backward_values<Cell, Math, false>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg);
+        carry[j] = t < len[j] ? backward_values<Cell, StoredAs<Math, scalar_t>, true>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg, z)
+                              : backward_values<Cell, StoredAs<Math, scalar_t>, false>(dh, d_out, dc[j], saved, c_t, c_before, h_prev, dg);
         store_blocks(p.dgates + (static_cast<int64_t>(t) * B + b) * GB * HW + own + u, HW, dg);
       }
 #pragma unroll
