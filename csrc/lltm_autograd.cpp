@@ -84,11 +84,12 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
     at::AutoDispatchBelowADInplaceOrView guard;
     const LayerOutputs r = call_forward<Cell>(
         {input, h0, c0.value_or(Tensor()), weight_ih, weight_hh, bias_ih, bias_hh, lengths, true, zoneout, num_heads});
+    // lengths too as a saved variable: an in-place change before the backward is then refused (as for any input)
+    // instead of giving the gradients of other lengths
     ctx->save_for_backward({input, h0, Cell::kHasCell ? *c0 : Tensor(), weight_ih, weight_hh, r.output, r.cells,
-                            r.activations, zoneout.value_or(Tensor())});
+                            r.activations, zoneout.value_or(Tensor()), lengths.value_or(Tensor())});
     ctx->saved_data["has_bias_ih"] = bias_ih.has_value();
     ctx->saved_data["has_bias_hh"] = bias_hh.has_value();
-    ctx->saved_data["lengths"] = lengths.has_value() ? c10::IValue(*lengths) : c10::IValue();
     ctx->saved_data["num_heads"] = num_heads;
     ctx->mark_non_differentiable(Cell::kHasCell ? variable_list{r.cells, r.activations} : variable_list{r.activations});
     ctx->set_materialize_grads(false);  // unused outputs get no gradient work (and no zero-filled buffers)
@@ -97,8 +98,7 @@ struct LayerForward : public torch::autograd::Function<LayerForward<Cell>> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
-    const c10::IValue& saved_lengths = ctx->saved_data["lengths"];
-    const OptTensor lengths = saved_lengths.isTensor() ? OptTensor(saved_lengths.toTensor()) : std::nullopt;
+    const OptTensor lengths = defined_or_none(s[9]);
     const OptTensor grad_c_n = Cell::kHasCell ? defined_or_none(grads[2]) : std::nullopt;
     const LayerGrads g = unpack_grads<Cell>(
         LayerBackward<Cell>::apply(defined_or_none(grads[0]), defined_or_none(grads[1]), grad_c_n, s[0], s[1],

@@ -63,6 +63,27 @@ def test_bad_lengths_raise_clear_error(backend, bad, message):
 
 
 @pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_lengths_changed_in_place_before_the_backward(backend):
+    """The python backend's gradients are those of the lengths the forward ran (its masks are built then); cpp
+    refuses, as autograd refuses any saved input changed in place (it kept the tensor and gave the gradients of
+    the new lengths: 0.59 off)."""
+    x, hx, w_ih, w_hh, b = (t.double().requires_grad_() if isinstance(t, torch.Tensor) else t for t in params(T=5))
+    grads = []
+    for change in (False, True):
+        lengths = torch.tensor([5, 2])
+        out, (h, _) = lltm_layer(x, None, w_ih, w_hh, b, lengths=lengths, backend=backend)
+        if change:
+            lengths.fill_(5)
+        if change and backend == "cpp":
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                torch.autograd.grad(out.sum() + h.sum(), [x, w_ih, w_hh])
+            return
+        grads.append(torch.autograd.grad(out.sum() + h.sum(), [x, w_ih, w_hh]))
+    for before, after in zip(*grads):
+        torch.testing.assert_close(before, after, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
 def test_bad_cell_input_raises_clear_error(backend):
     x, hx, w_ih, w_hh, b = params()
     with pytest.raises(ValueError, match=r"expected input of shape \(B, input_size\)"):
