@@ -38,10 +38,13 @@ _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")  # asked by name: older
 
 
 def _autocast(device_type: str, tensors: tuple) -> tuple:
+    """The floating-point tensors in the autocast dtype where autocast is on, but float64 (as autocast casts for
+    its lower-precision ops, torch.nn.LSTM's among them)."""
     if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in tensors)
+    return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
 
 
 def _state_or_zeros(op: str, spec: CellSpec, hx, input, weight_hh, biases: tuple, batch_dim: int,
@@ -136,8 +139,10 @@ def _torch_layer(spec: CellSpec, input: Tensor, states: tuple, weight_ih: Tensor
                  lengths: Tensor | None) -> tuple[Tensor, tuple]:  # failed on mkldnn_rnn_layer, CPU, torch 2.13)
     """One layer through PyTorch's own kernels for the cell (cuDNN, oneDNN: ``CellSpec.torch_function``), the
     ``torch`` backend."""
-    if input.shape[1] == 0:  # an empty batch (torch's kernels cannot pack one)
-        return input.new_zeros(input.shape[0], 0, weight_hh.shape[-1]), tuple(states)
+    if input.shape[1] == 0:  # an empty batch (torch's kernels cannot pack one): empty results in the autograd graph
+        # of every argument (as torch.nn.LSTM's: a backward gives zero gradients), through sums of empty slices (0)
+        anchor = sum(t[:0].sum() for t in (input, *states, weight_ih, weight_hh, *biases) if t is not None)
+        return input.new_zeros(input.shape[0], 0, weight_hh.shape[-1]) + anchor, tuple(s + anchor for s in states)
     b_ih, b_hh = biases
     has_biases = b_ih is not None or b_hh is not None
     params = [weight_ih, weight_hh]

@@ -17,6 +17,7 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import forward_args, layer_args, op_states, leaves, run_cell, run_layer, upstream_like
+import lltm_train.nn
 from lltm_train.functional import rnn_cell, rnn_layer
 
 F64 = dict(rtol=1e-10, atol=1e-10)
@@ -233,6 +234,22 @@ def test_batch_one_and_zero(device_backend, cell):
     assert all(torch.all(b.grad == 0) for b in p["biases"])
 
 
+def test_batch_zero_on_the_torch_backend_trains_as_torch_nn(cell):
+    """An empty batch: torch.nn's layers give results in the autograd graph, so a training step's backward runs
+    and gives zero gradients; the torch backend gave results with no graph ("does not require grad")."""
+    if not cell.has_torch:
+        pytest.skip(f"PyTorch has no {cell.title}")
+    p = layer_args(cell, 4, 0, 3, 5, "cpu")
+    out, state = rnn_layer(cell, p["input"], None, p["weight_ih"], p["weight_hh"], *p["biases"], backend="torch")
+    assert out.shape == (4, 0, 5) and all(s.shape == (0, 5) for s in state)
+    (out.sum() + state[0].sum()).backward()
+    assert all(torch.equal(w.grad, torch.zeros_like(w)) for w in (p["weight_ih"], p["weight_hh"], *p["biases"]))
+    step = lltm_train.nn.RecurrentCell(3, 5, cell=cell, backend="torch")
+    h = step(torch.randn(0, 3))
+    (h[0] if isinstance(h, tuple) else h).sum().backward()
+    assert torch.equal(step.weight_hh.grad, torch.zeros_like(step.weight_hh))
+
+
 @pytest.mark.parametrize("num_heads", [1, 2])
 @pytest.mark.parametrize("backend", ["python", "cpp", "torch"])
 def test_hidden_size_zero_gives_empty_results_on_every_backend(cell, backend, num_heads):
@@ -322,6 +339,13 @@ def test_autocast_runs_in_the_autocast_dtype(device_backend, cell):
     assert out.dtype == torch.bfloat16 and state[0].dtype == torch.bfloat16
     out.float().sum().backward()
     assert p["weight_hh"].grad.dtype == torch.float32 and torch.isfinite(p["weight_hh"].grad).all()
+    # float64 is left alone, as autocast leaves it for torch.nn.Linear and torch.nn.LSTM (it was cast to bfloat16)
+    p = layer_args(cell, 3, 2, 4, 5, device, dtype=torch.float64, requires_grad=False)
+    args = (p["input"], None, p["weight_ih"], p["weight_hh"], *p["biases"])
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out, state = rnn_layer(cell, *args, backend=backend)
+    assert out.dtype == torch.float64 and state[0].dtype == torch.float64
+    assert torch.equal(out, rnn_layer(cell, *args, backend=backend)[0])
 
 
 def test_non_finite_inputs_propagate_as_in_python(device_backend, cell):

@@ -72,7 +72,8 @@ def wavefront(layers, x: Tensor, state0: tuple[Tensor, ...], lengths: Tensor | N
     layer's output is in autocast's dtype where autocast is on), so they are the same numbers."""
     T, B = x.shape[0], x.shape[1]
     device = x.device.type
-    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64  # which autocast leaves alone
+    out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
     below = x.new_empty(T, B, 0, dtype=out_dtype)  # stands for a layer's output: its shape and dtype for the draws
     draws = []
     for layer in range(layers.num_layers):
