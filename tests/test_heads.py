@@ -330,6 +330,11 @@ def test_a_state_dict_of_other_heads_is_named_as_such():
     # conditional, never an instruction to load another cell's weights
     with pytest.raises(RuntimeError, match=r"if it holds this module's cell \(LSTM, hidden_size 6\)"):
         fused.LSTM(4, 6).load_state_dict(fused.GRU(4, 8, num_heads=4).state_dict())
+    # torch.nn.LSTM's proj_size gives weight_hh proj_size columns: PyTorch's own message names weight_hr_l0, and no
+    # word of heads is added (it was: "the blocks of num_heads=2")
+    with pytest.raises(RuntimeError) as refused:
+        fused.LSTM(3, 4).load_state_dict(torch.nn.LSTM(3, 4, proj_size=2).state_dict())
+    assert "weight_hr_l0" in str(refused.value) and "num_heads" not in str(refused.value)
 
 
 @pytest.mark.parametrize("bad", [True, 1.0, 0])

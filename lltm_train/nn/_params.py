@@ -70,7 +70,10 @@ def check_heads(owner: str, hidden_size: int, num_heads) -> int:
 
 def explain_heads_mismatch(module: nn.Module, state_dict: dict, prefix: str, error_msgs: list[str]) -> None:
     """For ``_load_from_state_dict``: a ``weight_hh*`` of another width in the state dict is another num_heads's
-    blocks; say so beside PyTorch's size mismatch."""
+    blocks; say so beside PyTorch's size mismatch. (Not where the state dict has ``weight_hr*``: torch.nn.LSTM's
+    ``proj_size``, whose weight_hh has proj_size columns; load_state_dict names those keys as unexpected.)"""
+    if any(key.startswith(prefix + "weight_hr") for key in state_dict):
+        return
     for name, own in module.named_parameters(recurse=False):
         theirs = state_dict.get(prefix + name)
         if (name.startswith("weight_hh") and isinstance(theirs, torch.Tensor) and theirs.dim() == 2
