@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +79,9 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
     output_dir = Path(cfg.paths.output_dir)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / ".write-test").touch()
-        (output_dir / ".write-test").unlink()
+        # a file of this process's own (DDP's processes check at once: with one shared name one removed another's)
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write-test-"):
+            pass
     except OSError as exc:
         raise ConfigError(f"cannot write the run directory {output_dir}: {exc}") from None
     if not all(isinstance(c, L.Callback) for c in trainer.callbacks):

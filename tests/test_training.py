@@ -333,6 +333,17 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
         read_checkpoint(tmp_path / "a" / "checkpoints")
 
 
+def test_the_run_folders_write_check_leaves_other_processes_files_alone(tmp_path):
+    """DDP's processes check the run folder at once, each with a file of its own: with one shared `.write-test`,
+    which each created and removed, one removed another's before that one did (3 of 4 runs of 64 processes
+    failed with a traceback)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / ".write-test").touch()  # another process's check file, under the shared name
+    build(make_cfg(tmp_path / "a", "dataset=adding", *SMALL["adding"]))
+    assert (tmp_path / "a" / ".write-test").is_file()
+    assert not list((tmp_path / "a").glob(".write-test-*"))  # this process's own is gone
+
+
 def test_the_permutation_seed_of_an_unpermuted_data_set_may_change_on_resume():
     from lltm_train.checkpoints import check_data_settings
 
