@@ -298,11 +298,11 @@ def _sweep_group_settings(argv: list[str]) -> list[str]:
 
 
 def _resumed_run_overrides(argv: list[str]) -> list[str]:
-    """A resume (``hydra.run.dir=DIR ckpt_path=...``, or ``ckpt_path=DIR/checkpoints/FILE`` alone) of a run that
-    recorded its command line settings (``DIR/.hydra/overrides.yaml``) starts from them: ``argv`` with those
-    settings put first, so that the ones given now still win. Without this a resume would run with the defaults
-    for every setting not repeated (4,500 steps where the run asked for 300; the default cell where the run
-    trained another)."""
+    """A resume (``hydra.run.dir=DIR ckpt_path=last``, or ``ckpt_path=DIR/checkpoints/FILE``, into DIR or another
+    folder) of a run that recorded its command line settings (``DIR/.hydra/overrides.yaml``) starts from them:
+    ``argv`` with those settings put first, so that the ones given now still win. Without this a resume would run
+    with the defaults for every setting not repeated (4,500 steps where the run asked for 300; the default cell
+    where the run trained another)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = [a for a in argv[1:] if not a.startswith("-")]
@@ -312,13 +312,13 @@ def _resumed_run_overrides(argv: list[str]) -> list[str]:
         return argv
     if "ckpt_path" not in parsed or "-m" in argv or "--multirun" in argv:
         return argv
-    if "hydra.run.dir" in parsed:
+    ckpt = Path(str(parsed["ckpt_path"].value()))
+    if ckpt.parent.name == "checkpoints":  # a checkpoint file of a run's folder (DIR/checkpoints/FILE): that run's
+        run_dir = str(ckpt.parent.parent)  # settings, also into another folder (hydra.run.dir) than its own
+    elif "hydra.run.dir" in parsed:
         run_dir = str(parsed["hydra.run.dir"].value())
-    else:  # a checkpoint file of a run's folder (DIR/checkpoints/FILE): that run's settings, into a new folder
-        ckpt = Path(str(parsed["ckpt_path"].value()))
-        if ckpt.parent.name != "checkpoints":
-            return argv
-        run_dir = str(ckpt.parent.parent)
+    else:
+        return argv
     record = overrides_record(run_dir)
     if not record.is_file():
         return argv

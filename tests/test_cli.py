@@ -321,6 +321,10 @@ def test_a_checkpoint_file_of_a_run_brings_back_that_runs_settings(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     ckpt = torch.load(new, weights_only=False)
     assert ckpt["global_step"] == 8 and ckpt["hyper_parameters"]["num_heads"] == 2
+    # into a folder named now: still the checkpoint's run's settings (they were the named folder's, here none)
+    moved = lltm_train(tmp_path, "ckpt_path=run/checkpoints/last.ckpt", "hydra.run.dir=moved", "trainer.max_steps=6")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert torch.load(tmp_path / "moved" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
     other = lltm_train(tmp_path, "ckpt_path=run/checkpoints/last.ckpt", "model.num_heads=1")  # given now: it wins
     assert other.returncode == 2
     assert "its recurrent weights are those of model.num_heads=2, this model's of 1" in other.stderr
