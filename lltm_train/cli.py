@@ -42,6 +42,8 @@ _one_line_errors = True  # False when the user asked for Hydra's full reports (H
 _job_started = False
 _failed_jobs: dict[str, str] = {}  # job directory -> error, of a sweep's failed jobs (here and in FailedJobs)
 _diverged_jobs: dict[str, str] = {}  # job directory -> why, of the jobs that diverged and went on (diverged.txt)
+# hydra.run.dir where it names a folder that exists, and which of Hydra's record and log and the lock it held then
+_named_run_dir: tuple[Path, set[str]] | None = None
 _started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
@@ -144,7 +146,7 @@ def _run(cfg: DictConfig) -> float | None:
             _fail(exc)
         if in_sweep:
             return _record_failed_job(Path(cfg.paths.output_dir), exc, one_line(exc))
-        _remove_if_empty(Path(cfg.paths.output_dir))
+        _remove_what_it_made(Path(cfg.paths.output_dir))
         print(file=sys.stdout, flush=True)  # end a progress bar's line (tqdm draws on stdout), so the error stands alone
         _fail(exc)
     except Exception as exc:  # noqa: BLE001 - in a sweep, a crashed job must not take the others with it
@@ -236,6 +238,22 @@ def _remove_if_empty(run_dir: Path) -> None:
     """Removes the run directory Hydra made for a job that failed before writing anything of its own."""
     if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, LOG, LOCK} and not (run_dir / LOCK).is_dir():
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _remove_what_it_made(run_dir: Path) -> None:
+    """Removes what a run refused before training made in its folder: the folder itself where Hydra made it; in a
+    folder that was there (hydra.run.dir: a sweep's root by mistake, any folder) Hydra's record and log and the
+    lock file where they were not there before. (A run's folder keeps the refused resume's record beside its own,
+    ``.hydra/resume_<date>``, which its error message points to.)"""
+    if _named_run_dir is None or run_dir.resolve() != _named_run_dir[0]:
+        return _remove_if_empty(run_dir)
+    for name in {HYDRA, LOG, LOCK} - _named_run_dir[1]:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return None
 
 
 def _remove_own_record(run_dir: Path) -> None:
@@ -374,7 +392,9 @@ def _check_required_groups(argv: list[str]) -> None:
 
 def _check_run_dir(argv: list[str]) -> None:
     """An existing ``hydra.run.dir`` that cannot be written: one line (Hydra fails later, setting up its log
-    file, with "Unable to configure handler 'file'"); an empty one (Hydra would take the current directory)."""
+    file, with "Unable to configure handler 'file'"); an empty one (Hydra would take the current directory).
+    Notes what an existing one holds (:func:`_remove_what_it_made`)."""
+    global _named_run_dir
     for arg in argv[1:]:
         key, _, value = arg.partition("=")
         if key.lstrip("+") != "hydra.run.dir" or "=" not in arg:
@@ -386,6 +406,8 @@ def _check_run_dir(argv: list[str]) -> None:
         if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
             raise ConfigError(f"cannot write the run directory {path} (permission denied); choose another "
                               "hydra.run.dir")
+        if path.is_dir():
+            _named_run_dir = (path.resolve(), {name for name in (HYDRA, LOG, LOCK) if (path / name).exists()})
 
 
 def main() -> None:

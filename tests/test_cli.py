@@ -170,6 +170,20 @@ def test_a_resume_keeps_the_first_runs_config_record(tmp_path):
     assert len(list((tmp_path / "run" / ".hydra").glob("run_*/config.yaml"))) == 1
 
 
+def test_a_run_refused_in_a_folder_that_was_there_leaves_it_as_it_was(tmp_path):
+    """hydra.run.dir naming a folder that is no run (a sweep's root by mistake, any folder) with ckpt_path=last:
+    refused, and Hydra's record and log and the lock file it made there are removed (they stayed, and lltm-report
+    then listed the folder as a run); an empty folder stays, empty."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("mine")
+    (tmp_path / "empty").mkdir()
+    for folder in ("notes", "empty"):
+        refused = lltm_train(tmp_path, *TINY, f"hydra.run.dir={folder}", "ckpt_path=last")
+        assert refused.returncode == 2 and "no checkpoint" in refused.stderr, refused.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "notes").iterdir()] == ["notes.txt"]
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
 def test_a_second_run_in_a_folder_a_run_is_training_in_is_refused(tmp_path):
     """Two runs given one hydra.run.dir at once (or started in the same second into the default folder) both
     wrote it, one's checkpoints lost: the first holds run/.lock while it trains, the second is refused in one
