@@ -31,8 +31,8 @@ from hydra.experimental.callback import Callback
 
 from .console import help_text
 from .metric_names import HIGHER_IS_BETTER, higher_is_better
-from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, METRICS_CSV, MLFLOW_DB, RESUMED_CSV,
-                        TENSORBOARD, config_record, overrides_record)
+from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, LAST_CHECKPOINT, METRICS_CSV, MLFLOW_DB,
+                        OVERRIDES, RESUMED_CSV, TENSORBOARD, checkpoint_dir, config_record)
 
 # wall_s: seconds of training to the last logged value (time/train_seconds; else from the run's first log);
 # tokens_per_s: the run's tokens over its seconds of training (tokens_per_s(), which tokens_per_s.png plots too);
@@ -192,10 +192,12 @@ def read_run(path: Path) -> Run:
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its reader logs each file it moves to
     run = Run(path)
     # a damaged file (cut short, overwritten, hand-edited) is left out, and said in run.problems
-    overrides = _yaml(overrides_record(path), run.problems, list) or []
-    run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides
-                         if isinstance(o, str) and "=" in o and not o.startswith("hydra."))
-    config = _yaml(config_record(path), run.problems) or {}
+    record = _latest_record(path)
+    overrides = _yaml(record.with_name(OVERRIDES), run.problems, list) or []
+    resumed = record != config_record(path)  # (whose ckpt_path=last is no setting of the run's)
+    run.overrides = dict(o.lstrip("+~").split("=", 1) for o in overrides if isinstance(o, str) and "=" in o
+                         and not o.startswith("hydra.") and not (resumed and o.startswith("ckpt_path=")))
+    config = _yaml(record, run.problems) or {}
     hparams = (_yaml(path / TENSORBOARD / HPARAMS, run.problems) or _yaml(path / CSV / HPARAMS, run.problems)
                or {})
     if not hparams and (path / MLFLOW_DB).is_file():
@@ -244,6 +246,17 @@ def read_run(path: Path) -> Run:
           and not _spent_its_time_budget(trainer, run.curves)):
         run.status = f"unfinished at step {last_step} of {max_steps} (running, or stopped)"
     return run
+
+
+def _latest_record(path: Path) -> Path:
+    """The config record of the run's latest resume that trained (``.hydra/resume_<date>/config.yaml``, written before
+    the run's last checkpoint: a resume refused before training writes none), else the first run's: its settings
+    (``trainer.max_steps`` above all) decide whether the run finished."""
+    first, last = config_record(path), checkpoint_dir(path) / LAST_CHECKPOINT
+    if not last.is_file():
+        return first
+    trained = [p for p in (path / HYDRA).glob(f"resume_*/{CONFIG}") if p.stat().st_mtime <= last.stat().st_mtime]
+    return max(trained, key=lambda p: p.stat().st_mtime, default=first)
 
 
 def _spent_its_time_budget(trainer: dict, curves: dict) -> bool:

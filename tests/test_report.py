@@ -126,6 +126,34 @@ def test_a_trial_resumes_as_one_run_and_a_search_run_again_leaves_the_old_trials
     assert torch.load(trial / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
 
 
+def test_a_resumed_run_is_judged_by_its_latest_resume_that_trained(tmp_path):
+    """A run killed at step 724 of 5,000 and resumed with trainer.max_steps=1000 finished: the report read the first
+    run's record alone and called it "unfinished at step 1000 of 5000". A resume refused before training (its
+    record written after the last checkpoint) changes nothing."""
+    import os
+
+    folder = tmp_path / "a"
+    (folder / "csv").mkdir(parents=True)
+    (folder / "csv" / "metrics.csv").write_text("step,train/loss\n" + "".join(f"{s},1.0\n" for s in (499, 999)))
+    records = {".hydra": 5000, ".hydra/resume_2026-12-07_10-00-00": 1000, ".hydra/resume_2026-12-07_11-00-00": 9000}
+    for when, (sub, steps) in enumerate(records.items()):
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_steps": steps}}))
+        given = [f"trainer.max_steps={steps}", *(["ckpt_path=last"] if when else [])]
+        (folder / sub / "overrides.yaml").write_text(yaml.safe_dump(given))
+        os.utime(folder / sub / "config.yaml", (1000 + 100 * when,) * 2)
+        if when == 1:  # the resume that trained wrote the last checkpoint; the one after it was refused
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+            os.utime(folder / "checkpoints" / "last.ckpt", (1150,) * 2)
+    read = read_run(folder)
+    assert read.status == "finished" and read.overrides == {"trainer.max_steps": "1000"}
+    os.utime(folder / "checkpoints" / "last.ckpt", (900,) * 2)  # no resume trained: the first run's record
+    read = read_run(folder)
+    assert read.status == "unfinished at step 1000 of 5000 (running, or stopped)"
+    assert read.overrides == {"trainer.max_steps": "5000"}
+
+
 def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_path):
     runs = [Run(tmp_path / name, curves={"val/acc": [(1, 0.0, 0.2), (2, 1.0, value)]})
             for name, value in (("a", 0.5), ("b", float("nan")), ("c", 0.9), ("d", 0.7))]
