@@ -36,7 +36,7 @@ def _dataset_setting(config: Path):
 
 def generate_main(argv: list[str] | None = None) -> None:
     """Samples text after a prompt from a text model's checkpoint (any backend, any device)."""
-    from .inference import encode_prompt, load_task, sample, vocabulary
+    from .inference import encode_prompt, load_task, sample_tokens, vocabulary
 
     parser = argparse.ArgumentParser(prog="lltm-generate", description=help_text(generate_main.__doc__))
     parser.add_argument("checkpoint", help="a text model's checkpoint, e.g. outputs/.../checkpoints/last.ckpt")
@@ -53,10 +53,15 @@ def generate_main(argv: list[str] | None = None) -> None:
         vocab = vocabulary(ckpt)
         if vocab is None:
             raise ConfigError(f"{a.checkpoint} is not a text model's checkpoint (it has no vocabulary)")
-        ids = sample(task.net, encode_prompt(a.prompt, vocab), a.length, a.temperature, a.top_k, a.seed)
+        tokens = sample_tokens(task.net, encode_prompt(a.prompt, vocab), a.length, a.temperature, a.top_k, a.seed)
+        sys.stdout.write(a.prompt)
+        for token in tokens:  # each character as it is drawn (a long text shows as it grows)
+            sys.stdout.write(vocab[token])
+            if vocab[token] == "\n":
+                sys.stdout.flush()
     except (ConfigError, ValueError, RuntimeError) as exc:
         _fail("lltm-generate", exc)
-    sys.stdout.write(a.prompt + "".join(vocab[i] for i in ids) + "\n")
+    sys.stdout.write("\n")
 
 
 def evaluate_main(argv: list[str] | None = None) -> None:

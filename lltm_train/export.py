@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
             if missing:
                 raise ConfigError(f"--format aoti: AOTInductor compiles the model with a C++ compiler ({missing}); install "
                                   "g++ (or name one in CXX), or give --format exported (torch.export, no compiler)")
+        elif a.format == "exported" and out.suffix != ".pt2":  # torch.export.save only warns, and writes it
+            raise ValueError(f"a torch.export program (--format exported) is a .pt2 file: name it "
+                             f"{out.with_suffix('.pt2') if out.suffix else f'{out}.pt2'}")
         task, ckpt = load_task(a.checkpoint, a.backend, a.device)
         if not hasattr(task.net, "embedding"):
             raise ConfigError("lltm-export takes token models (the text data sets, copy)")

@@ -3,6 +3,8 @@ and text sampled from a character language model."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -79,32 +81,44 @@ def encode_prompt(prompt: str, vocab: list[str]) -> list[int]:
 def sample(net: torch.nn.Module, prompt: list[int], length: int, temperature: float = 1.0, top_k: int | None = None,
            seed: int = 0) -> list[int]:
     """``length`` token ids sampled after ``prompt`` from a :class:`~lltm_train.models.CharLM`-like ``net``
-    (``forward(tokens (T, B), state) -> (logits (T, B, V), state)``). The prompt is read once; then each
-    step feeds one token and carries the state. Each token is drawn with :func:`torch.multinomial` from
-    softmax(logits / temperature), restricted to the ``top_k`` most likely when given, with a CPU
-    generator seeded with ``seed``. The logits are shifted by their maximum before the division, so a
-    temperature small enough to overflow them (1e-300) is greedy decoding rather than NaN.
+    (``forward(tokens (T, B), state) -> (logits (T, B, V), state)``): :func:`sample_tokens` as a list."""
+    return list(sample_tokens(net, prompt, length, temperature, top_k, seed))
 
-    Raises:
-        ValueError: temperature <= 0, top_k < 1, length < 0.
+
+def sample_tokens(net: torch.nn.Module, prompt: list[int], length: int, temperature: float = 1.0,
+                  top_k: int | None = None, seed: int = 0) -> Iterator[int]:
+    """The ``length`` token ids of :func:`sample`, each as soon as it is drawn (lltm-generate prints them so). The
+    prompt is read once; then each step feeds one token and carries the state. Each token is drawn with
+    :func:`torch.multinomial` from softmax(logits / temperature), restricted to the ``top_k`` most likely when
+    given, with a CPU generator seeded with ``seed``. The logits are shifted by their maximum before the division,
+    so a temperature small enough to overflow them (1e-300) is greedy decoding rather than NaN.
+
+    Raises (at the call, before any token):
+        ValueError: temperature not a finite number > 0 (inf would draw uniformly), top_k < 1, length < 0, a seed
+            outside [-2**63, 2**64).
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
+    if not -2**63 <= seed < 2**64:  # torch.Generator's range
+        raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
+    return _sampled(net, prompt, length, temperature, top_k, torch.Generator().manual_seed(seed))
+
+
+def _sampled(net: torch.nn.Module, prompt: list[int], length: int, temperature: float, top_k: int | None,
+             generator: torch.Generator) -> Iterator[int]:
     device = next(net.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
     logits, state = net(torch.tensor(prompt, device=device)[:, None], None)
-    out: list[int] = []
-    for _ in range(length):
+    for i in range(length):
         last = logits[-1, 0].double().cpu()  # double: 1e-300 is a temperature, not 0
         last = (last - last.max()) / temperature
         if top_k is not None and top_k < last.numel():
             cutoff = torch.topk(last, top_k).values[-1]
             last = last.masked_fill(last < cutoff, float("-inf"))
         token = int(torch.multinomial(torch.softmax(last, -1), 1, generator=generator))
-        out.append(token)
-        logits, state = net(torch.tensor([[token]], device=device), state)
-    return out
+        yield token
+        if i + 1 < length:  # (no step for a token that is not drawn)
+            logits, state = net(torch.tensor([[token]], device=device), state)

@@ -17,7 +17,7 @@ from conftest import CUDA_READY, CUDA_SKIP_REASON
 from helpers import make_cfg
 from lltm_train.export import (DEFAULT_FORMAT, JIT_DEPRECATED, TokenModel, TokenModelH, check_in_fresh_process,
                                example_inputs, export, metadata, num_states, token_model)
-from lltm_train.inference import encode_prompt, load_task, sample, vocabulary
+from lltm_train.inference import encode_prompt, load_task, sample, sample_tokens, vocabulary
 from lltm_train.ops.cells import CELLS
 from lltm_train.train import train
 
@@ -91,6 +91,32 @@ def test_sampling_carries_the_state_instead_of_rereading_the_text(checkpoint):
     assert ids == sample(Rereading(task.net), prompt, 30, temperature=0.9, top_k=5, seed=7)
     top1 = sample(task.net, prompt, 10, top_k=1)
     assert top1 == sample(task.net, prompt, 10, top_k=1, seed=99)  # top-1 is greedy, whatever the seed
+
+
+def test_sampling_yields_each_token_as_it_is_drawn_and_refuses_bad_settings():
+    """lltm-generate prints each character as it is drawn (a --length of 1e8 printed nothing for hours); settings
+    that cannot sample are refused before the first step: an infinite temperature (it drew uniformly) and a seed
+    beyond torch.Generator's range (torch's "Overflow when unpacking long long" named no setting)."""
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias, self.calls = torch.nn.Parameter(torch.arange(5.0)), 0
+
+        def forward(self, tokens, state):
+            self.calls += 1
+            return self.bias.expand(tokens.shape[0], 1, 5), state
+
+    net = Counting()
+    first = next(sample_tokens(net, [0], 10**12, seed=3))
+    assert net.calls == 1 and first == sample(net, [0], 1, seed=3)[0]
+    net.calls = 0
+    assert len(sample(net, [0], 4)) == 4 and net.calls == 4  # the prompt, then one step for each token but the last
+    for setting, message in (({"temperature": math.inf}, "temperature must be a finite number > 0, got inf"),
+                             ({"temperature": math.nan}, "temperature must be a finite number > 0, got nan"),
+                             ({"seed": 2**70}, r"seed must be in \[-2\*\*63, 2\*\*64\), got 1180591620717411303424"),
+                             ({"top_k": 0}, "top_k must be >= 1")):
+        with pytest.raises(ValueError, match=message):
+            sample_tokens(net, [0], 5, **setting)
 
 
 def test_unknown_prompt_characters_are_named(checkpoint):
@@ -361,6 +387,7 @@ def command_lines(checkpoint, tmp_path_factory):
     lines = {"to_dir": ["lltm_train.export", ckpt, str(d / "adir")],
              "unwritable": ["lltm_train.export", ckpt, "/proc/nope/m.pt2"],
              "pt_name": ["lltm_train.export", ckpt, str(d / "m.pt"), "--format", "aoti"],  # aoti writes .pt2
+             "exported_name": ["lltm_train.export", ckpt, str(d / "e.pt"), "--format", "exported"],  # so does exported
              "torchscript": ["lltm_train.export", ckpt, str(d / "ts.pt"), "--format", "torchscript"],
              "exported_python": ["lltm_train.export", ckpt, str(d / "py.pt2"), "--format", "exported", "--backend",
                                  "python"]}
@@ -381,8 +408,8 @@ def _lines(text: str) -> list[str]:
 
 def test_hostile_command_lines_get_one_line_each(command_lines):
     """The commands' errors are one line with status 2: a CUDA device on a machine without one, an export
-    to a directory, to an unwritable place or to a name that is not a .pt2 for the default format (nothing
-    left behind). (A text moved since training: the test below.)"""
+    to a directory, to an unwritable place or to a name that is not a .pt2 for the default format or exported
+    (nothing left behind). (A text moved since training: the test below.)"""
     assert not _lines(command_lines["imports"]), command_lines["imports"][-2000:]
     errors = {k: r for k, r in command_lines.items() if k not in ("imports", "torchscript")}
     for name, r in errors.items():
@@ -395,6 +422,7 @@ def test_hostile_command_lines_get_one_line_each(command_lines):
     assert "adir is a directory; give the file to write, e.g. " in errors["to_dir"]["stderr"]
     assert "cannot write /proc/nope/m.pt2" in errors["unwritable"]["stderr"]
     assert f"is a .pt2 file: name it {d / 'm.pt2'} (or give --format torchscript" in errors["pt_name"]["stderr"]
+    assert f"(--format exported) is a .pt2 file: name it {d / 'e.pt2'}" in errors["exported_name"]["stderr"]
     assert "export with --backend cpp or cuda (one op per layer)" in errors["exported_python"]["stderr"]
     left = {p.name for p in d.iterdir()} - {"adir", "report.json", "ts.pt", "ts.pt.vocab.json"}
     assert not left and not any((d / "adir").iterdir()), left
