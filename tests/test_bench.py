@@ -32,6 +32,12 @@ def test_saved_for_backward_counts_each_storage_once():
     assert saved_for_backward_mib(lambda: ((a * b) * a).sum().backward()) == pytest.approx(3.0)
 
 
+def test_a_sweep_of_one_size_says_the_exponent_needs_two(capsys):
+    main(["--device", "cpu", "--sweep", "B", "--values", "1", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "cpp k: two sizes needed" in out and "nan" not in out  # it printed k=nan
+
+
 def test_a_sweep_writes_its_figures_and_plot(tmp_path, capsys):
     main(["--device", "cpu", "--sweep", "B", "--values", "1,2,4", "--repeats", "1", "--plot", str(tmp_path),
           "--json", str(tmp_path / "sweep.json")])

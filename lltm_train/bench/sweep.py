@@ -90,7 +90,8 @@ def run_sweep(dim: str, device: torch.device, repeats: int, values: list[int] | 
     for label in labels:
         have = [p for p in points if label in p["seconds"]]
         exponents[label] = growth_exponent([p[dim] for p in have], [p["seconds"][label] for p in have])
-    print(f"time ~ {dim}^k over the upper half: " + ", ".join(f"{k} k={v:.2f}" for k, v in exponents.items()), flush=True)
+    print(f"time ~ {dim}^k over the upper half: " + ", ".join(
+        f"{k} k={v:.2f}" if math.isfinite(v) else f"{k} k: two sizes needed" for k, v in exponents.items()), flush=True)
     return {"dimension": dim, "base": BASE[device.type], "points": points, "time_exponent": exponents,
             "memory": "peak CUDA MiB" if device.type == "cuda" else "MiB saved for the backward"}
 
