@@ -624,6 +624,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rank by the metric each run had reached after S seconds of training (its last "
                         "validation by then), instead of by its final value")
     a = parser.parse_args(argv)
+    if a.metric is not None and not a.metric.strip():
+        parser.error("--metric: a metric's name (val/loss, val/bpc, val/acc, ...), not an empty one")
     if a.at_seconds is not None and not (a.at_seconds > 0 and math.isfinite(a.at_seconds)):
         parser.error(f"--at-seconds: a positive number of seconds, not {a.at_seconds:g}")
     root = Path(a.dir)

@@ -216,6 +216,12 @@ def _report_rows(folder: Path, *args: str) -> tuple[list[dict], str]:
         return list(csv.DictReader(f)), (folder / "report.md").read_text()
 
 
+def test_an_empty_metric_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(tmp_path), "--metric", " "])  # (it said "no run logged ;")
+    assert exit_.value.code == 2 and "--metric: a metric's name (val/loss" in capsys.readouterr().err
+
+
 def test_without_flags_the_report_ranks_by_the_runs_optimized_metric(tmp_path, lm_run, one_run, capsys):
     """A language model's runs are ranked by bits per character without --metric (it was val/loss): the
     optimized_metric their configs record, also for runs recorded with the former default val/loss (the same
