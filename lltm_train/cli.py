@@ -363,7 +363,7 @@ def _quote_paths(argv: list[str]) -> list[str]:
     quoted = []
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"" and "'" not in value:
+        if key.lstrip("+~") in _PATH_KEYS and value and value[0] not in "'\"":
             if sweep and "," in value and not re.match(r"\w+\(", value):  # a list, not choice(...), glob(...)
                 arg = f"{key}=" + ",".join(hydra_value(v) for v in value.split(","))
             else:

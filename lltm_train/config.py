@@ -167,8 +167,13 @@ def check_node(node: DictConfig, key: str) -> None:
 
 
 def hydra_value(text: str) -> str:
-    """``text`` as a value in Hydra's override grammar: as it is when plain, else quoted (``'.../0_lr=0.1'``)."""
-    return text if re.fullmatch(r"[\w./:+-]+", text, re.ASCII) else f"'{text}'"  # the grammar reads ASCII only
+    """``text`` as a value in Hydra's override grammar: as it is when plain, else quoted (``'.../0_lr=0.1'``), a
+    quote in it escaped (``'o\\'brien.txt'``) and the backslashes before a quote or the end doubled, as the grammar
+    reads them."""
+    if re.fullmatch(r"[\w./:+-]+", text, re.ASCII):  # the grammar reads ASCII only
+        return text
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
 
 
 def known_top_level_keys() -> set[str]:

@@ -382,6 +382,18 @@ def test_a_comma_list_of_paths_is_a_sweep_and_paths_may_be_any_unicode(tmp_path)
     assert (tmp_path / "runs" / "café" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.parametrize("path", ["/data/o'brien.txt", "runs/0_lr=0.1", "café/a b.txt", "ends\\", "x\\'y"])
+def test_a_path_setting_reaches_the_run_as_written(path):
+    """Path settings are quoted for Hydra's grammar as given (lltm_train.cli._quote_paths), a quote in them
+    included: dataset.path=.../o'brien.txt failed with Hydra's LexerNoViableAltException."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lltm_train.cli import _quote_paths
+
+    (quoted,) = _quote_paths([f"dataset.path={path}"])
+    assert OverridesParser.create().parse_override(quoted).value() == path
+
+
 def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
     import os
 
