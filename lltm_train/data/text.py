@@ -250,7 +250,7 @@ class TextDataModule(SequenceDataModule):
         digest = state.get("text_sha256")
         if isinstance(digest, str) and self.text_sha256 and digest != self.text_sha256:
             raise ValueError(f"{type(self).__name__}: the checkpoint was trained on another text than {self.path or 'this one'} "
-                             "(their SHA-256 differ): resume on the text it was trained on")
+                             "(their SHA-256 differ): use the text it was trained on")
         vocab = list(state.get("vocab", []))
         if vocab and self.vocab and vocab != self.vocab:
             raise ValueError(
