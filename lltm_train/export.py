@@ -143,6 +143,8 @@ def export(model: nn.Module, fmt: str, out: Path, vocab: list[str] | None) -> Pa
             _write_vocab(out, vocab)
             return out
         T, B = torch.export.Dim("T", min=1, max=MAX_DIM), torch.export.Dim("B", min=1, max=MAX_DIM)
+        # torch.nn.LSTM's attributes set while tracing (backend torch): a multi-line warning before the error below
+        warnings.filterwarnings("ignore", message=r"(?s).*were assigned during export")
         try:
             program = torch.export.export(model, args, dynamic_shapes=({0: T, 1: B}, *({1: B} for _ in args[1:])))
         except Exception as exc:  # torch._dynamo.exc.UserError: a loop over time in Python fixes T
