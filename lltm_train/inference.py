@@ -40,9 +40,15 @@ def load_task(path: str | Path, backend: str = "auto", device: str | torch.devic
 
     Raises:
         ConfigError: an unreadable checkpoint (one line naming it) or one not written by lltm-train.
-        ValueError: an unknown backend, or one that cannot run on ``device``.
+        ValueError: an unknown backend, or one that cannot run on ``device``; a device other than cpu or cuda,
+            or cuda where none is visible.
     """
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError:  # torch's message lists every device type it knows
+        raise ValueError(f"--device {device}: not a device; use cpu or cuda (cuda:N for the N-th GPU)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: the commands run on cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is visible (torch {torch.__version__}"
                          f"{', a CPU build' if torch.version.cuda is None else ''}); use --device cpu")

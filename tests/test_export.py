@@ -403,6 +403,8 @@ def command_lines(checkpoint, tmp_path_factory):
              "unwritable": ["lltm_train.export", ckpt, "/proc/nope/m.pt2"],
              "pt_name": ["lltm_train.export", ckpt, str(d / "m.pt"), "--format", "aoti"],  # aoti writes .pt2
              "exported_name": ["lltm_train.export", ckpt, str(d / "e.pt"), "--format", "exported"],  # so does exported
+             "generate_tpu": ["lltm_train.commands", "generate", ckpt, "--device", "tpu"],
+             "generate_meta": ["lltm_train.commands", "generate", ckpt, "--device", "meta"],
              "torchscript": ["lltm_train.export", ckpt, str(d / "ts.pt"), "--format", "torchscript"],
              "exported_python": ["lltm_train.export", ckpt, str(d / "py.pt2"), "--format", "exported", "--backend",
                                  "python"]}
@@ -438,6 +440,8 @@ def test_hostile_command_lines_get_one_line_each(command_lines):
     assert "cannot write /proc/nope/m.pt2" in errors["unwritable"]["stderr"]
     assert f"is a .pt2 file: name it {d / 'm.pt2'} (or give --format torchscript" in errors["pt_name"]["stderr"]
     assert f"(--format exported) is a .pt2 file: name it {d / 'e.pt2'}" in errors["exported_name"]["stderr"]
+    assert "--device tpu: not a device; use cpu or cuda" in errors["generate_tpu"]["stderr"]  # (torch's list of types)
+    assert "--device meta: the commands run on cpu or cuda" in errors["generate_meta"]["stderr"]
     assert "export with --backend cpp or cuda (one op per layer)" in errors["exported_python"]["stderr"]
     left = {p.name for p in d.iterdir()} - {"adir", "report.json", "ts.pt", "ts.pt.vocab.json"}
     assert not left and not any((d / "adir").iterdir()), left
