@@ -45,6 +45,7 @@ _diverged_jobs: dict[str, str] = {}  # job directory -> why, of the jobs that di
 # hydra.run.dir where it names a folder that exists, and which of Hydra's record and log and the lock it held then
 _named_run_dir: tuple[Path, set[str]] | None = None
 _started = time.time()  # error.txt files older than this are from an earlier sweep into the same folder
+_OWN_FULL_ERROR = "LLTM_TRAIN_SET_HYDRA_FULL_ERROR"  # "1": HYDRA_FULL_ERROR=1 was set by main(), not by the user
 _SWEPT_KEYS = "LLTM_TRAIN_SWEPT_KEYS"  # the keys a sweep varies (for job folder names), for jobs in other processes
 
 
@@ -421,13 +422,14 @@ def main() -> None:
     # for jobs that run in other processes (hydra/launcher=slurm or local), which have other command lines
     os.environ[_SWEPT_KEYS] = ",".join(sorted(_swept_keys(sys.argv)))
     # With HYDRA_FULL_ERROR set, Hydra raises its composition errors instead of printing them, so they can
-    # be reported here in one line; a user who sets it gets Hydra's full report instead.
+    # be reported here in one line; a user who sets it gets Hydra's full report instead. The processes this one
+    # starts (DDP's) inherit the variable, and _OWN_FULL_ERROR tells them it was set here, not by the user.
     global _one_line_errors
-    if "HYDRA_FULL_ERROR" in os.environ:
+    if "HYDRA_FULL_ERROR" in os.environ and os.environ.get(_OWN_FULL_ERROR) != os.environ["HYDRA_FULL_ERROR"]:
         _one_line_errors = False
         _run()
         return
-    os.environ["HYDRA_FULL_ERROR"] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = os.environ[_OWN_FULL_ERROR] = "1"
     try:
         _check_required_groups(sys.argv)
         _check_run_dir(sys.argv)

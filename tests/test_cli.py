@@ -352,6 +352,20 @@ def test_job_folders_keep_the_sign_of_an_exponent_and_shorten_long_floats(tmp_pa
         "0_trainer.gradient_clip_val=1e30", "1_trainer.gradient_clip_val=1.235e04"]
 
 
+def test_a_process_started_by_a_run_keeps_one_line_errors_and_a_user_gets_the_full_report(tmp_path):
+    """DDP's other processes inherit the HYDRA_FULL_ERROR=1 that lltm-train sets for itself: they took it for the
+    user's and printed tracebacks (64 processes of a run with an unwritable folder did)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "LLTM_TRAIN_SET_HYDRA_FULL_ERROR")}
+    command = [sys.executable, "-m", "lltm_train", *TINY, "model.hidden_size=-1", "hydra.run.dir=r"]
+    started = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**env, "HYDRA_FULL_ERROR": "1", "LLTM_TRAIN_SET_HYDRA_FULL_ERROR": "1"})
+    assert started.returncode == 2 and "Traceback" not in started.stderr, started.stderr[-2000:]
+    assert started.stderr.strip().splitlines()[-1].startswith("lltm-train: error: ") and "hidden_size" in started.stderr
+    asked = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**env, "HYDRA_FULL_ERROR": "1"})
+    assert asked.returncode != 0 and "Traceback" in asked.stderr
+
+
 def test_an_assert_without_a_message_still_says_what_failed(tmp_path):
     result = lltm_train(tmp_path, "hparams_search=lm_optuna", "hydra.sweeper.max_failure_rate=2", *TINY)
     assert result.returncode == 2
@@ -406,7 +420,7 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, 
     # cli.main() sets these for the processes it starts: set them here first so that monkeypatch restores them
     # afterwards (a bare delenv of an absent variable records nothing, and HYDRA_FULL_ERROR=1 would then reach
     # every later test's subprocess and turn its one-line errors into tracebacks)
-    for name in ("HYDRA_FULL_ERROR", cli._SWEPT_KEYS):
+    for name in ("HYDRA_FULL_ERROR", cli._OWN_FULL_ERROR, cli._SWEPT_KEYS):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     with pytest.raises(SystemExit) as exit_:
