@@ -33,6 +33,7 @@ from .console import help_text
 from .metric_names import HIGHER_IS_BETTER, higher_is_better
 from .run_files import (CONFIG, CSV, DIVERGED, ERROR, HPARAMS, HYDRA, LAST_CHECKPOINT, METRICS_CSV, MLFLOW_DB,
                         OVERRIDES, RESUMED_CSV, TENSORBOARD, checkpoint_dir, config_record)
+from .run_lock import run_in_progress
 
 # wall_s: seconds of training to the last logged value (time/train_seconds; else from the run's first log);
 # tokens_per_s: the run's tokens over its seconds of training (tokens_per_s(), which tokens_per_s.png plots too);
@@ -244,7 +245,8 @@ def read_run(path: Path) -> Run:
         run.status = "no events (crashed before logging, or still starting)"
     elif (isinstance(max_steps, int) and max_steps > 0 and last_step is not None and last_step < max_steps
           and not _spent_its_time_budget(trainer, run.curves)):
-        run.status = f"unfinished at step {last_step} of {max_steps} (running, or stopped)"
+        state = {True: "running", False: "stopped"}.get(run_in_progress(path), "running, or stopped")
+        run.status = f"unfinished at step {last_step} of {max_steps} ({state})"
     return run
 
 

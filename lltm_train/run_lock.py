@@ -72,3 +72,22 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def run_in_progress(run_dir: str | Path) -> bool | None:
+    """Whether a process holds the run folder's lock now (a run is training there), tested without taking it
+    (``lockf``'s F_TEST); None where that cannot be told (no lock file: a run before 2026-12-07, or not POSIX)."""
+    path = Path(run_dir) / LOCK
+    if fcntl is None or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        os.lockf(fd, os.F_TEST, 0)
+        return False
+    except OSError as exc:
+        return True if exc.errno in (errno.EACCES, errno.EAGAIN) else None
+    finally:
+        os.close(fd)

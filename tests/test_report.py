@@ -150,8 +150,20 @@ def test_a_resumed_run_is_judged_by_its_latest_resume_that_trained(tmp_path):
     assert read.status == "finished" and read.overrides == {"trainer.max_steps": "1000"}
     os.utime(folder / "checkpoints" / "last.ckpt", (900,) * 2)  # no resume trained: the first run's record
     read = read_run(folder)
-    assert read.status == "unfinished at step 1000 of 5000 (running, or stopped)"
+    assert read.status == "unfinished at step 1000 of 5000 (running, or stopped)"  # (no lock file: cannot tell)
     assert read.overrides == {"trainer.max_steps": "5000"}
+    # the run folder's lock tells the two apart: held by a process (a run training there), or not
+    (folder / ".lock").touch()
+    assert read_run(folder).status == "unfinished at step 1000 of 5000 (stopped)"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); print(1, flush=True); time.sleep(60)",
+                               str(folder / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "1"
+        assert read_run(folder).status == "unfinished at step 1000 of 5000 (running)"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_the_report_ranks_accuracies_highest_first_and_diverged_runs_last(tmp_path):
