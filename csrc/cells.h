@@ -367,10 +367,6 @@ LLTM_HOST_DEVICE acc_t lerp(acc_t from, acc_t to, acc_t w) {
   return w < acc_t(0.5) ? from + w * (to - from) : to - (to - from) * (acc_t(1) - w);
 }
 
-// One (row, unit) forward step under that rule, on values: gx, gh the x- and h-side pre-activations; c, h
-// the running state, updated (kept by a finished row; h must hold h_{t-1} under zoneout, whatever the cell);
-// s: the activations to save (zeros for a finished row, so that every output of the op is defined); z: the
-// step's zoneout. Returns the step's output (zero for a finished row).
 // The math M of a recurrence that stores its values as scalar_t: stored(x) is x rounded as memory holds it (x
 // itself for float and double). The sLSTM takes its stabilizer from stored values (SLSTMCell says why).
 template <typename M, typename scalar_t>
@@ -383,6 +379,10 @@ struct StoredAs : M {
 template <typename Cell, typename acc_t>
 using CellState = typename Cell::template State<acc_t>;
 
+// One (row, unit) forward step under that rule, on values: gx, gh the x- and h-side pre-activations; c, h
+// the running state, updated (kept by a finished row; h must hold h_{t-1} under zoneout, whatever the cell);
+// s: the activations to save (zeros for a finished row, so that every output of the op is defined); z: the
+// step's zoneout. Returns the step's output (zero for a finished row).
 template <typename Cell, typename M, bool kRun, typename acc_t>
 LLTM_HOST_DEVICE acc_t forward_values(const acc_t (&gx)[Cell::kGates], const acc_t (&gh)[Cell::kGates],
                                       CellState<Cell, acc_t>& c, acc_t& h, acc_t (&s)[Cell::kSaved],
