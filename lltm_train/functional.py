@@ -37,13 +37,19 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")  # asked by name: older dynamo cannot trace the check
 
 
+def autocast_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a floating-point tensor of ``dtype`` runs in: autocast's where it is on, but float64, which
+    autocast leaves alone for its lower-precision ops (torch.nn.LSTM's among them)."""
+    if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type) or dtype == torch.float64:
+        return dtype
+    return torch.get_autocast_dtype(device_type)
+
+
 def _autocast(device_type: str, tensors: tuple) -> tuple:
-    """The floating-point tensors in the autocast dtype where autocast is on, but float64 (as autocast casts for
-    its lower-precision ops, torch.nn.LSTM's among them)."""
+    """The floating-point tensors in :func:`autocast_dtype`."""
     if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
-        return tensors
-    dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+        return tensors  # (the common case: one check a call)
+    return tuple(t.to(autocast_dtype(device_type, t.dtype)) if isinstance(t, Tensor) and t.is_floating_point() else t
                  for t in tensors)
 
 

@@ -14,7 +14,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from ..functional import rnn_layer
+from ..functional import autocast_dtype, rnn_layer
 from ._streams import kept_streams, streams_usable
 
 PIECES = 4  # time pieces: at L = 3, (4 + 2) / 12 = half the one-stream time at best
@@ -72,8 +72,7 @@ def wavefront(layers, x: Tensor, state0: tuple[Tensor, ...], lengths: Tensor | N
     layer's output is in autocast's dtype where autocast is on), so they are the same numbers."""
     T, B = x.shape[0], x.shape[1]
     device = x.device.type
-    autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64  # which autocast leaves alone
-    out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+    out_dtype = autocast_dtype(device, x.dtype)
     below = x.new_empty(T, B, 0, dtype=out_dtype)  # stands for a layer's output: its shape and dtype for the draws
     draws = []
     for layer in range(layers.num_layers):
