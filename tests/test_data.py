@@ -353,3 +353,19 @@ def test_a_stateful_text_module_gives_stream_windows_in_order(tmp_path):
         batches = list(loader)
         assert len(batches) == len(loader) > 1 and all(b.x.shape == (4, 16) for b in batches)
         assert all(torch.equal(b.x[:, 0], a.y[:, -1]) for a, b in zip(batches, batches[1:]))
+
+
+def test_a_stateful_validation_reads_its_streams_from_the_first_window_every_pass(tmp_path):
+    """Lightning's sanity check reads a few validation batches, and limit_val_batches a few each time: every pass
+    must start at the first window (before the fix the next pass went on where the last one stopped, so the first
+    validation read windows 2.. and each point of a curve other data)."""
+    (tmp_path / "t.txt").write_text("".join(chr(97 + (i * 7) % 26) for i in range(6000)))
+    dm = TextDataModule(str(tmp_path / "t.txt"), seq_len=16, batch_size=4, stateful=True)
+    dm.setup("fit")
+    for make in (dm.val_dataloader, dm.test_dataloader):
+        loader = make()
+        partial = [b for _, b in zip(range(2), loader)]  # a sanity check of 2 batches
+        whole = list(loader)
+        assert len(whole) == len(loader) > 2
+        assert torch.equal(whole[0].x, partial[0].x) and torch.equal(whole[1].x, partial[1].x)
+        assert torch.equal(whole[0].x, dm.val_set[0].x if make == dm.val_dataloader else dm.test_set[0].x)

@@ -187,13 +187,16 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(tmp_path, setting
     resumed = run(tmp_path / "b", *settings, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    def losses(directory):
+    def losses(directory, tag="train/loss"):
         acc = EventAccumulator(str(directory / "run" / "tensorboard"))
         acc.Reload()  # as TensorBoard shows it: the resumed writer purged what the killed run logged after its checkpoint
-        return [(e.step, e.value) for e in acc.Scalars("train/loss")]
+        return [(e.step, e.value) for e in acc.Scalars(tag)]
 
     assert [s for s, _ in losses(tmp_path / "b")] == list(range(60))  # no gap, no repeat
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
+    # every validation reads the same batches (the stateful streams' from the first window, whatever the
+    # sanity check read before), so the resumed run's curve is the uninterrupted run's
+    assert len(losses(tmp_path / "a", "val/loss")) == 6 and losses(tmp_path / "b", "val/loss") == losses(tmp_path / "a", "val/loss")
     weights = [torch.load(d / "run" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (tmp_path / "a", tmp_path / "b")]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 

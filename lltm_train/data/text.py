@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from hydra.utils import to_absolute_path
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .. import checks as v
 from .base import Batch, Problem, SequenceDataModule, package_data_dir
@@ -198,13 +198,18 @@ class TextDataModule(SequenceDataModule):
     def collate(self, samples) -> Batch:
         return samples if isinstance(samples, Batch) else super().collate(samples)
 
-    def _stream_loader(self, streams: TokenStreams) -> ResumableLoader:
-        """The windows of ``streams`` in order, one batch each, resumable like every training loader."""
+    def _stream_loader(self, streams: TokenStreams, resumable: bool = True) -> DataLoader:
+        """The windows of ``streams`` in order, one batch each. For training, resumable like every training
+        loader; for validation and testing (``resumable=False``) every pass reads them all from the first window,
+        as the task's carried state starts afresh each pass. Both samplers are DistributedSamplers of one
+        process, which Lightning leaves in place under DDP (a split among processes would break the streams)."""
         trainer = getattr(self, "trainer", None)
-        return ResumableLoader(streams, batch_size=None, sampler=ResumableSampler(streams, 1, shuffle=False),
-                               collate_fn=self.collate, num_workers=self.num_workers,
-                               persistent_workers=self.num_workers > 0, generator=loader_generator(0),
-                               pin_memory=type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator")
+        options = dict(batch_size=None, collate_fn=self.collate, num_workers=self.num_workers,
+                       persistent_workers=self.num_workers > 0, generator=loader_generator(0),
+                       pin_memory=type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator")
+        if resumable:
+            return ResumableLoader(streams, sampler=ResumableSampler(streams, 1, shuffle=False), **options)
+        return DataLoader(streams, sampler=DistributedSampler(streams, num_replicas=1, rank=0, shuffle=False), **options)
 
     def train_dataloader(self):
         """With ``stateful``: the windows of :class:`TokenStreams` in order. Else, on a GPU (and with no
@@ -225,10 +230,14 @@ class TextDataModule(SequenceDataModule):
         return DeviceTokenBatches(self.train_set, self.batch_size, device, sampler)
 
     def val_dataloader(self):
-        return self._stream_loader(self.val_set) if self.stateful and self.val_set is not None else super().val_dataloader()
+        if self.stateful and self.val_set is not None:
+            return self._stream_loader(self.val_set, resumable=False)
+        return super().val_dataloader()
 
     def test_dataloader(self):
-        return self._stream_loader(self.test_set) if self.stateful and self.test_set is not None else super().test_dataloader()
+        if self.stateful and self.test_set is not None:
+            return self._stream_loader(self.test_set, resumable=False)
+        return super().test_dataloader()
 
     def encode(self, text: str) -> list[int]:
         index = {ch: i for i, ch in enumerate(self.vocab)}
