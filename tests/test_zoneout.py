@@ -150,7 +150,7 @@ def test_modules_draw_masks_in_training_and_use_the_expectation_in_evaluation(na
     spec = CELLS[name]
     T, B, I, H = 6, 3, 4, 5
     layer = fused.RecurrentLayers.for_cell(name, I, H, num_layers=2, bidirectional=True, backend=backend,
-                                           zoneout=[0.3, 0.1]).double()
+                                           zoneout=[0.3, 0.1] if spec.has_cell_state else 0.1).double()
     x = torch.randn(T, B, I, dtype=torch.float64)
     f64 = dict(dtype=torch.float64)
     probabilities = torch.cat([torch.full((H,), 0.1, **f64), torch.full((H,), 0.3, **f64)][: len(spec.states)])
@@ -176,7 +176,7 @@ def test_modules_draw_masks_in_training_and_use_the_expectation_in_evaluation(na
     assert_close(trained, by_hand(True), **F64)
     layer.eval()
     assert_close(layer(x)[0], by_hand(False), **F64)
-    assert "zoneout=(0.3, 0.1)" in repr(layer)
+    assert ("zoneout=(0.3, 0.1)" if spec.has_cell_state else "zoneout=(0.1, 0.1)") in repr(layer)
 
 
 def test_zoneout_settings_are_checked():
@@ -215,5 +215,10 @@ def test_zoneout_and_weight_drop_set_after_construction_are_checked_and_used():
     assert layer.zoneout == (0.2, 0.2) and layer.weight_drop == 0.3  # a refused value changes nothing
     with pytest.raises(ValueError, match="the sLSTM takes no zoneout"):
         fused.SLSTM(3, 4).zoneout = 0.1
+    # the GRU and the RNN have h alone: a pair's cell part would be dropped unused (it was, silently, before)
+    for cls in (fused.GRU, fused.RNN):
+        assert cls(3, 4, zoneout=0.2).zoneout == (0.2, 0.2) and cls(3, 4, zoneout=[0.3, 0.3]).zoneout == (0.3, 0.3)
+        with pytest.raises(ValueError, match="has no cell state, only h: give zoneout one probability"):
+            cls(3, 4, zoneout=[0.9, 0.0])
     layer = recurrent_layer("lstm", 3, 4, backend="torch", zoneout=[0.0, 0.0])  # none asked: torch.nn's layer
     assert type(layer) is torch.nn.LSTM

@@ -91,6 +91,9 @@ class RecurrentLayers(CellMixin, BackendMixin, nn.Module):
         if any(pair) and not self.cell.zoneout:
             raise ValueError(f"{type(self).__name__}: the {self.cell.title} takes no zoneout (its states "
                              f"{', '.join(self.cell.states)} are not kept in part); got zoneout={value!r}")
+        if pair[0] != pair[1] and not self.cell.has_cell_state:  # a pair's cell part would be dropped unused
+            raise ValueError(f"{type(self).__name__}: the {self.cell.title} has no cell state, only h: give zoneout "
+                             f"one probability (the hidden state's), got zoneout={value!r}")
         self._zoneout = pair
 
     @property
