@@ -46,6 +46,15 @@ def probability(owner: str, name: str, value) -> float:
     return float(value)
 
 
+def dropout(owner: str, value) -> float:
+    """A model's dropout probability: a number in [0, 1); 1 would zero every activation it drops from."""
+    p = probability(owner, "dropout", value)
+    if p == 1:
+        raise ValueError(f"{owner}: dropout must be below 1 (1 zeroes every activation before the output layer), "
+                         f"got {value!r}")
+    return p
+
+
 def fraction(owner: str, name: str, value, upper: float = 0.5) -> float:
     """A number in the open interval (0, upper), as a float."""
     if not _number(value) or not 0 < value < upper:

@@ -219,6 +219,11 @@ def check_config(cfg: DictConfig) -> None:
         node = OmegaConf.select(cfg, key)
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, key)
+    interval = OmegaConf.select(cfg, "trainer.val_check_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
+        # (not Lightning's fraction of an epoch: the last checkpoint is saved every this many steps)
+        raise ConfigError("trainer.val_check_interval must be a whole number of training steps (null: once an epoch), "
+                          f"got {interval!r}")
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, f"callbacks.{name}")

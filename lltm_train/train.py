@@ -53,13 +53,16 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
     optimizer = task.optimizer_factory(task.parameters())  # rejects, e.g., a negative learning rate
     if task.scheduler_factory is not None:
         task.scheduler_factory(optimizer, total_steps=lambda: 100)
-    if str(cfg.trainer.get("precision")) in ("16-true", "16"):
+    if str(cfg.trainer.get("precision")) == "16-true":  # (Lightning reads a bare 16 as 16-mixed)
         raise ConfigError("trainer.precision=16-true keeps the weights and AdamW's state in float16, which overflows at "
                           "the first step; use 16-mixed or bf16-mixed")
     for key in ("val_check_interval", "log_every_n_steps"):
         value = cfg.trainer.get(key)
         if value is not None and not value > 0:
             raise ConfigError(f"trainer.{key} must be positive, got {value}")
+    limit = cfg.trainer.get("limit_train_batches")
+    if limit is not None and not isinstance(limit, bool) and isinstance(limit, (int, float)) and limit == 0:
+        raise ConfigError("trainer.limit_train_batches=0 would train nothing")
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and not clip >= 0:  # a negative norm bound would flip every gradient
         raise ConfigError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")

@@ -67,6 +67,10 @@ BAD = [
     (["dataset=shakespeare", "model.sample_temperature=0"], "sample_temperature must be a positive number, got 0"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval must be positive, got 0"),
     (["trainer.precision=16-true"], "use 16-mixed or bf16-mixed"),
+    (["trainer.val_check_interval=0.5"], "trainer.val_check_interval must be a whole number of training steps"),
+    (["+trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 would train nothing"),
+    (["model.dropout=1.0"], "dropout must be below 1 (1 zeroes every activation before the output layer)"),
+    (["model.cell=gru", "model.zoneout=[0.9,0]"], "the GRU has no cell state, only h: give zoneout one probability"),
     (["logger._target_=collections.OrderedDict"], "is not a Lightning logger"),
     (["+model.hiddensize=3"], "model.hiddensize: lltm_train.tasks.RegressionTask takes no argument 'hiddensize'"),
     (["+foo=3"], "foo: no such setting"),
@@ -91,6 +95,13 @@ def test_bad_setting_fails_before_training_with_one_clear_line(tmp_path, overrid
     line = one_line(error.value)
     assert message in line and "\n" not in line, line
     assert not list(tmp_path.glob("checkpoints/*.ckpt"))  # failed before any training
+
+
+def test_a_bare_16_trains_as_lightning_reads_it_16_mixed(tmp_path):
+    """Lightning reads trainer.precision=16 as 16-mixed (as bf16 as bf16-mixed); before, the 16-true check refused
+    it with a message about a setting the user had not given."""
+    train(compose_cfg(tmp_path, *TINY, "trainer.precision=16"))
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -51,7 +51,7 @@ class CharLM(nn.Module):
         self.rnn = recurrent_layer(cell, embedding_dim, hidden_size, num_layers, dropout, backend=backend,
                                    forget_bias=forget_bias, weight_drop=weight_drop, zoneout=zoneout,
                                    num_heads=num_heads)
-        self.dropout = nn.Dropout(v.probability("CharLM", "dropout", dropout))
+        self.dropout = nn.Dropout(v.dropout("CharLM", dropout))
         self.head = nn.Linear(hidden_size, num_classes or vocab_size)
 
     def forward(self, tokens: Tensor, state=None):

@@ -34,7 +34,7 @@ class FinalStateHead(nn.Module):
         self.directions = 2 if v.flag(owner, "bidirectional", bidirectional) else 1
         self.rnn = recurrent_layer(cell, input_size, hidden_size, num_layers, dropout, bidirectional, backend,
                                    forget_bias, weight_drop, zoneout, num_heads)
-        self.dropout = nn.Dropout(v.probability(owner, "dropout", dropout))
+        self.dropout = nn.Dropout(v.dropout(owner, dropout))
         self.head = nn.Linear(hidden_size * self.directions, output_size)
 
     def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
