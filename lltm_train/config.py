@@ -204,6 +204,23 @@ def close_setting(key: str) -> str | None:
     return prefix + match[0] if match else None
 
 
+def check_cell_backend(cfg: DictConfig, choice: str | None) -> None:
+    """``cell_backend=<cell>_<backend>`` sets model.cell and backend; an override of either on the same command line
+    would win silently (a sweep's folders would then name a backend or cell its job did not run): refused.
+
+    Raises:
+        ConfigError: model.cell or backend differs from what the ``cell_backend`` option ``choice`` sets.
+    """
+    if not choice:
+        return
+    cell, _, backend = str(choice).rpartition("_")  # (a cell may have one: rnn_relu_cpp)
+    for key, want in (("model.cell", cell), ("backend", backend)):
+        got = OmegaConf.select(cfg, key)
+        if got != want:
+            raise ConfigError(f"cell_backend={choice} sets {key}={want}, but {key}={got} was given too; drop one of them "
+                              "(cell_backend sweeps take their cells and backends from its options)")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Checks every instantiable node against its target's signature, and the primary config's plain values.
 

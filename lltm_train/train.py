@@ -26,7 +26,7 @@ from .backends import resolve_backend
 from .callbacks import Throughput
 from .callbacks.stop import signals_handled
 from .checkpoints import check_data_settings, check_fits, resolve_checkpoint, slurm_requeued
-from .config import ConfigError, check_config, max_time_seconds
+from .config import ConfigError, check_cell_backend, check_config, max_time_seconds
 from .data import SequenceDataModule
 from .host_memory import keep_freed_memory
 from .ops.cells import CELLS
@@ -196,6 +196,8 @@ def build(cfg: DictConfig) -> Built:
     and the Trainer. Any error here is a configuration error, reported before a step runs (:func:`train`
     reports each as a :class:`~lltm_train.config.ConfigError`)."""
     check_config(cfg)
+    if HydraConfig.initialized():
+        check_cell_backend(cfg, HydraConfig.get().runtime.choices.get("cell_backend"))
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule: SequenceDataModule = instantiate(cfg.dataset)

@@ -113,6 +113,9 @@ def test_a_bare_16_trains_as_lightning_reads_it_16_mixed(tmp_path):
     (["trainer=null"], "trainer=null: every run needs the trainer group; choose one of default"),
     (["~trainer"], "~trainer: every run needs the trainer group"),
     (["logger=null"], "logger=null: every run needs the logger group; choose one of csv, mlflow, none, tensorboard; logger=none"),
+    # before, the override won silently: a sweep's lstm_cuda folder held a python run, a lstm_torch run a GRU
+    (["cell_backend=lstm_cpp", "backend=python"], "cell_backend=lstm_cpp sets backend=cpp, but backend=python was given too"),
+    (["cell_backend=rnn_relu_torch", "model.cell=gru"], "sets model.cell=rnn_relu, but model.cell=gru was given too"),
 ])
 def test_the_command_prints_one_line_and_exits_2(tmp_path, overrides, message):
     result = lltm_train(tmp_path, *overrides)
