@@ -53,6 +53,11 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
     optimizer = task.optimizer_factory(task.parameters())  # rejects, e.g., a negative learning rate
     if task.scheduler_factory is not None:
         task.scheduler_factory(optimizer, total_steps=lambda: 100)
+    warmup, steps = OmegaConf.select(cfg, "model.scheduler.warmup_steps"), cfg.trainer.get("max_steps")
+    if isinstance(warmup, int) and isinstance(steps, int) and 0 < steps <= warmup:
+        rank_zero_only(log.warning)(
+            f"model.scheduler.warmup_steps={warmup} is not below trainer.max_steps={steps}: the whole run stays in the "
+            f"warm-up, its learning rate at most {steps / warmup:.0%} of the peak")
     if str(cfg.trainer.get("precision")) == "16-true":  # (Lightning reads a bare 16 as 16-mixed)
         raise ConfigError("trainer.precision=16-true keeps the weights and AdamW's state in float16, which overflows at "
                           "the first step; use 16-mixed or bf16-mixed")

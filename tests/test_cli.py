@@ -454,3 +454,14 @@ def test_model_compile_without_a_cxx_compiler_is_one_line(tmp_path, monkeypatch)
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("lltm-train: error: model.compile=true: torch.compile's Inductor needs a C++ compiler (")
     assert "no-such-g++" in last and last.endswith("or set model.compile=false")
+
+
+def test_a_warm_up_longer_than_the_run_is_warned_of(tmp_path, caplog):
+    """Before, a run whose warm-up outlasted it trained below a few percent of its learning rate without a word."""
+    with caplog.at_level("WARNING", logger="lltm_train"):
+        train(compose_cfg(tmp_path, *TINY, "model.scheduler.warmup_steps=100"))
+    assert "warmup_steps=100 is not below trainer.max_steps=2: the whole run stays in the warm-up" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lltm_train"):
+        train(compose_cfg(tmp_path / "b", *TINY, "model.scheduler.warmup_steps=1"))
+    assert "warm-up" not in caplog.text
