@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -88,6 +89,17 @@ def read_checkpoint(path: Path) -> dict:
     """
     if not Path(path).is_file():
         raise ConfigError(f"no such checkpoint file: {path}" + (" (a folder)" if Path(path).is_dir() else ""))
+    # torch.load does not check the CRC-32 that torch.save writes for each record: bytes changed inside a tensor
+    # would load as other weights. zipfile checks them (one read of the file); a file that is no zip is left to
+    # torch.load's own message.
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        bad = None
+    if bad is not None:
+        raise ConfigError(f"{path} is not a readable checkpoint (damaged: its record {bad} fails its CRC-32 check, "
+                          "so its contents changed after torch.save wrote them)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - not a torch file, or pickled objects weights_only refuses

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
+import zipfile
 
 import lightning as L
 import pytest
@@ -263,7 +265,17 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_last_falls_back_to_the_newe
     with pytest.warns(UserWarning, match=rf"last\.ckpt is not a readable checkpoint .*; resuming from {best.name} \(step \d+\) instead"):
         ckpt = build(make_cfg(tmp_path, *common, "ckpt_path=last")).ckpt_path
     assert ckpt == str(best)
-    best.write_bytes(b"")
+    # bytes changed inside a tensor's record (the file's structure intact): torch.load took them as weights
+    data = bytearray(best.read_bytes())
+    with zipfile.ZipFile(best) as archive:
+        record = next(i for i in archive.infolist() if i.filename.endswith("/data/0"))
+    name_length, extra_length = struct.unpack_from("<HH", data, record.header_offset + 26)  # its local header's
+    start = record.header_offset + 30 + name_length + extra_length  # the record's first byte
+    data[start : start + 16] = bytes(16) if any(data[start : start + 16]) else b"\xff" * 16
+    best.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"best-.*\.ckpt is not a readable checkpoint \(damaged: its record .*data/0 "
+                                          "fails its CRC-32 check"):
+        build(make_cfg(tmp_path, *common, f"ckpt_path={best}"))
     with pytest.raises(ConfigError, match="ckpt_path=last: no readable checkpoint in"):
         build(make_cfg(tmp_path, *common, "ckpt_path=last"))
 
