@@ -76,7 +76,9 @@ def resolve_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, requeued: bo
         return str(path)
     path = Path(to_absolute_path(ckpt_path))
     if not path.is_file():
-        raise ConfigError(f"ckpt_path: no such checkpoint file: {path}")
+        raise ConfigError(f"ckpt_path: no such checkpoint file: {path}" + (
+            " (a folder: name a .ckpt file in it, or give ckpt_path=last with hydra.run.dir=<the run's folder>)"
+            if path.is_dir() else ""))
     return str(path)
 
 

@@ -27,8 +27,8 @@ def positive_int(owner: str, name: str, value) -> int:
 def non_negative_int(owner: str, name: str, value, upper: int | None = None) -> int:
     """An int in [0, upper] (no upper bound when None)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (upper is not None and value > upper):
-        bound = f"[0, {upper}]" if upper is not None else ">= 0"
-        raise ValueError(f"{owner}: {name} must be an integer in {bound}, got {value!r}")
+        bound = f"in [0, {upper}]" if upper is not None else ">= 0"
+        raise ValueError(f"{owner}: {name} must be an integer {bound}, got {value!r}")
     return value
 
 

@@ -133,9 +133,14 @@ class TextDataModule(SequenceDataModule):
         if path is None and type(self) is TextDataModule:
             raise ValueError(f"{owner}: dataset.path is required: the text file to train on")
         # relative to where the command ran, also when Hydra runs the job in its run directory (hydra.job.chdir)
+        if path is not None and not str(path).strip():
+            raise ValueError(f"{owner}: dataset.path is empty (an unset shell variable?); give a text file")
         self.path = None if path is None else Path(to_absolute_path(str(Path(path).expanduser()))).resolve()
         if self.path is not None and self.path.is_dir():
             raise IsADirectoryError(f"{owner}: dataset.path={path!r} is a directory ({self.path}); give a text file")
+        if self.path is not None and self.path.exists() and not self.path.is_file():
+            raise ValueError(f"{owner}: dataset.path={path!r} is not a regular file ({self.path}: a device, a pipe or "
+                             "a socket); give a text file")
         if self.path is not None and not self.path.is_file():
             raise FileNotFoundError(f"{owner}: no such text file: {self.path} (dataset.path={path!r})")
         self.vocab: list[str] = []
