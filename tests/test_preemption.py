@@ -79,6 +79,7 @@ def test_a_signal_saves_the_step_under_way_and_exits_non_zero(tmp_path, signum, 
     name = signal.Signals(signum).name
     line = next(line for line in result.stderr.splitlines() if line.startswith("lltm-train: stopped"))
     assert f"stopped by {name}; the state after step 7 is in" in line and "ckpt_path=last" in line
+    assert line in (tmp_path / "run" / "train.log").read_text()  # the run's log keeps it too (it was printed only)
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 7
     resumed = run(tmp_path, *common, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

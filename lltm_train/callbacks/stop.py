@@ -3,8 +3,8 @@ non-finite loss or gradient."""
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -216,4 +216,6 @@ def run_dir_override(run_dir: Path) -> str:
 
 @rank_zero_only
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """Through the run's logger: on a line of its own beside the progress bar, and in the run's train.log (with no
+    handler set up, as in a bare Python session, logging's last resort prints a warning to stderr)."""
+    logging.getLogger("lltm_train").warning(line)
