@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -12,6 +13,7 @@ from tqdm import tqdm
 # a deprecation inside Lightning's own code that torch >= 2.10 reports (lightning/pytorch/utilities/_pytree.py).
 _TIPS = ("💡 Tip:",)
 _DEPRECATIONS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class NoTips(logging.Filter):
@@ -53,5 +55,17 @@ def quiet_upstream_warnings() -> None:
 
 def route_warnings() -> None:
     """Python's warnings (Lightning's among them) go through logging's ``py.warnings`` logger, which the run's
-    logging config gives the console handler: on their own lines beside the progress bar, and in train.log."""
+    logging config gives the console handler: on their own lines beside the progress bar, and in train.log.
+    lltm-train's own read ``lltm-train: warning: <message>``, without the file, line and source of the call
+    (which say nothing to a user); others keep Python's format, which names the library."""
+    if not getattr(warnings.formatwarning, "_lltm_train", False):
+        upstream = warnings.formatwarning
+
+        def formatwarning(message, category, filename, lineno, line=None):
+            if Path(filename).resolve().is_relative_to(_PACKAGE):
+                return f"lltm-train: warning: {message}\n"
+            return upstream(message, category, filename, lineno, line)
+
+        formatwarning._lltm_train = True
+        warnings.formatwarning = formatwarning
     logging.captureWarnings(True)

@@ -185,3 +185,21 @@ def test_the_tools_help_is_plain_text_and_names_every_argument(entry, capsys):
     assert "``" not in shown and ":func:" not in shown and ":class:" not in shown, shown
     if "checkpoint" in shown.split("options:")[0]:
         assert re.search(r"\n  checkpoint\s+\S", shown), shown  # a help text beside it
+
+
+def test_lltm_trains_own_warnings_read_as_one_line_without_the_calls_file_and_source():
+    """Routed through logging (as every run does), a warning from lltm_train's code reads "lltm-train: warning: ...";
+    before, it read ".../lltm_train/train.py:205: UserWarning: ..." and the source line of the call."""
+    import warnings
+
+    from lltm_train import checkpoints
+    from lltm_train.console import route_warnings
+
+    route_warnings()
+    try:
+        ours = warnings.formatwarning("a damaged file", UserWarning, checkpoints.__file__, 70, "warnings.warn(...)")
+        theirs = warnings.formatwarning("an upstream one", UserWarning, torch.__file__, 12, "warnings.warn(...)")
+    finally:
+        logging.captureWarnings(False)
+    assert ours == "lltm-train: warning: a damaged file\n"
+    assert theirs.startswith(f"{torch.__file__}:12: UserWarning: an upstream one")
