@@ -3,6 +3,7 @@
 #   bash benchmarks/2026-12-06_h100_wide/next_calls.sh PART "$OUT"
 # SITE (default /tmp/site): a folder of the packages the GPU machine lacks (hydra-core, flashrnn, ...), put on PYTHONPATH;
 # for "heads", FlashRNN 1.0.8 in it patched to build on CUDA 13 (the team's peers/flashrnn_cuda13.py, run on SITE).
+#   first:     (session 33's, not run: no start was granted) the sLSTM and heads CUDA tests, then a short small_input
 #   stacks:    stack_timing.py on this tree: each stack with and without its extra streams, side by side
 #   heads:     issue 39's table in one run: LSTM and sLSTM, bfloat16, heads 12 / 6 / 3 / 1 at FlashRNN's shape
 #   sanitizer: the sanitizer test (slow) for the cells with wide kernels, racecheck, synccheck and memcheck
@@ -190,6 +191,23 @@ PY
     echo '{"tree": "patched"}' >> "$OUT/captured.jsonl"
     python3 "$HERE/stack_timing.py" "$OUT/captured.jsonl" --captured > /dev/null 2>> "$OUT/captured.log"
     patch -s -R -p1 < "$HERE/../2026-12-06_h100_s25/next_captured_streams.patch" ;;
-  *) echo "unknown part $PART: stacks, heads, sanitizer, best, profile, prefetch, smnist, pace, cuda, suite, wave128," \
+  first)  # session 33's unrun call, about 5 minutes: the sLSTM and heads CUDA tests on this tree (issue 39's last
+    # check), then a short small_input (main, patched, main, captured, B 128) and the patch's CUDA tests
+    python3 -c "$BUILD" > "$OUT/first.log" 2>&1 &
+    rm -rf /tmp/si && mkdir -p /tmp/si && cp -r csrc lltm_train tests conf pyproject.toml setup.py /tmp/si/
+    (cd /tmp/si && patch -s -p1 < "$HERE/../2026-12-07_s30/next_small_input_kernel.patch") \
+      || echo "next_small_input_kernel.patch does not apply" >> "$OUT/first.log"
+    (cd /tmp/si && PYTHONPATH=/tmp/si:$SITE python3 -c "$BUILD") >> "$OUT/first.log" 2>&1 &
+    wait
+    LLTM_PYTHON=python3 timeout 150 scripts/test.sh -n 8 -q -p no:cacheprovider -m cuda tests/test_slstm.py tests/test_heads.py \
+      2>&1 | tail -n 6 >> "$OUT/first.log"
+    for tree in "$PWD" /tmp/si "$PWD"; do
+      [ "$tree" = "$PWD" ] && backends=cuda,torch || backends=cuda
+      (cd "$tree" && STEP_GRAPH=1 STEP_TREE=$tree STEP_BACKENDS=$backends PYTHONPATH=$tree:$SITE timeout 90 \
+        python3 "$HERE/../2026-12-07_s29/step_profile.py" "$OUT/small_input.jsonl" 128 > /dev/null 2>> "$OUT/first.log")
+    done
+    (cd /tmp/si && PYTHONPATH=/tmp/si:$SITE timeout 90 python3 -m pytest -q -n 8 -m "cuda and not slow" \
+      tests/test_ops.py tests/test_cuda.py -k "one_input or float64" -p no:cacheprovider 2>&1 | tail -n 4 >> "$OUT/first.log") ;;
+  *) echo "unknown part $PART: first, stacks, heads, sanitizer, best, profile, prefetch, smnist, pace, cuda, suite, wave128," \
        "smnist_pair, captured, steps or small_input" >&2; exit 2 ;;
 esac
