@@ -469,8 +469,9 @@ def summarise(runs: list[Run], metric: str, at_seconds: float | None = None) -> 
     rows.sort(key=lambda row: (row["status"] != "finished" or row[key] is None, row[key] is None,
                                sign * row[key] if row[key] is not None else 0))
     ranked = [row for row in rows if row["status"] == "finished" and row[key] is not None]
-    for place, row in enumerate(ranked, 1):  # equal values share a rank, the next one skips (1, 1, 3)
-        tied = place > 1 and row[key] == ranked[place - 2][key]
+    for place, row in enumerate(ranked, 1):  # equal values share a rank, the next one skips (1, 1, 3): equal as
+        # the table shows them (digits it hides would rank runs that read the same)
+        tied = place > 1 and _cell(row[key]) == _cell(ranked[place - 2][key])
         row["rank"] = ranked[place - 2]["rank"] if tied else place
     return rows
 

@@ -181,6 +181,12 @@ def test_runs_with_equal_values_share_a_rank_and_the_next_rank_skips(tmp_path):
             for name, value in (("a", 2.5), ("b", 1.25), ("c", 1.25), ("d", 3.0), ("e", 2.5))]
     rows = summarise(runs, "val/loss")
     assert [(Path(r["run"]).name, r["rank"]) for r in rows] == [("b", 1), ("c", 1), ("a", 3), ("e", 3), ("d", 5)]
+    # equal as the table shows them (4 significant digits): 2.766 and 2.766 read the same, so they share a rank
+    # (before, digits the table hides ranked them 1 and 2)
+    runs = [Run(tmp_path / name, curves={"val/loss": [(1, 0.0, value)]})
+            for name, value in (("x", 2.76601), ("y", 2.76604), ("z", 2.767))]
+    rows = summarise(runs, "val/loss")
+    assert [(Path(r["run"]).name, r["rank"]) for r in rows] == [("x", 1), ("y", 1), ("z", 3)]
 
 
 def _finished_run(tmp_path_factory, name: str, run_dir: str, overrides: list[str]) -> Path:
