@@ -241,6 +241,8 @@ def check_config(cfg: DictConfig) -> None:
         # (not Lightning's fraction of an epoch: the last checkpoint is saved every this many steps)
         raise ConfigError("trainer.val_check_interval must be a whole number of training steps (null: once an epoch), "
                           f"got {interval!r}")
+    if interval is not None and interval <= 0:
+        raise ConfigError(f"trainer.val_check_interval must be positive, got {interval}")
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, f"callbacks.{name}")

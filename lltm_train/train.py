@@ -38,6 +38,7 @@ from .tb_views import describe_run, end_run, metric_tags
 
 log = logging.getLogger("lltm_train")
 info = rank_zero_only(log.info)  # once, not once per DDP process
+warn = rank_zero_only(log.warning)
 
 
 def _check_kind(cfg: DictConfig, datamodule: SequenceDataModule) -> None:
@@ -55,18 +56,16 @@ def _check_run(cfg: DictConfig, trainer: L.Trainer, task: RecurrentTask) -> None
         task.scheduler_factory(optimizer, total_steps=lambda: 100)
     warmup, steps = OmegaConf.select(cfg, "model.scheduler.warmup_steps"), cfg.trainer.get("max_steps")
     if isinstance(warmup, int) and isinstance(steps, int) and 0 < steps <= warmup:
-        rank_zero_only(log.warning)(
-            f"model.scheduler.warmup_steps={warmup} is not below trainer.max_steps={steps}: the whole run stays in the "
-            f"warm-up, its learning rate at most {steps / warmup:.0%} of the peak")
+        warn(f"model.scheduler.warmup_steps={warmup} is not below trainer.max_steps={steps}: the whole run stays in "
+             f"the warm-up, its learning rate at most {steps / warmup:.0%} of the peak")
     if str(cfg.trainer.get("precision")) == "16-true":  # (Lightning reads a bare 16 as 16-mixed)
         raise ConfigError("trainer.precision=16-true keeps the weights and AdamW's state in float16, which overflows at "
                           "the first step; use 16-mixed or bf16-mixed")
-    for key in ("val_check_interval", "log_every_n_steps"):
-        value = cfg.trainer.get(key)
-        if value is not None and not value > 0:
-            raise ConfigError(f"trainer.{key} must be positive, got {value}")
+    every = cfg.trainer.get("log_every_n_steps")  # (val_check_interval: check_config)
+    if every is not None and not every > 0:
+        raise ConfigError(f"trainer.log_every_n_steps must be positive, got {every}")
     limit = cfg.trainer.get("limit_train_batches")
-    if limit is not None and not isinstance(limit, bool) and isinstance(limit, (int, float)) and limit == 0:
+    if not isinstance(limit, bool) and isinstance(limit, (int, float)) and limit == 0:
         raise ConfigError("trainer.limit_train_batches=0 would train nothing")
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and not clip >= 0:  # a negative norm bound would flip every gradient
