@@ -146,10 +146,12 @@ def test_persistent_kernel_in_bfloat16_matches_the_reference(num_heads):
     """The persistent kernel (bfloat16, heads of 64 units: FlashRNN's shape, smaller) against the float64 reference
     on the same rounded inputs, forward and backward, with weights large enough that the stabilizer moves.
 
-    The output's atol is 0.03 or 1.5x the python backend's largest bfloat16 error on these inputs, the larger: the
-    kernel rounds i~, f~ and the stabilizer to bfloat16 as the python backend does (so that its backward finds the
-    forward's gates), and at 12 heads python's error is 0.038 (on the CPU, where the test takes it; the kernel's
-    0.032 on an H100)."""
+    Each atol (the output's, the stabilizer m's, c / n's) is its base or 1.5x the python backend's largest bfloat16
+    error on these inputs, the larger: the kernel rounds i~, f~ and the stabilizer to bfloat16 as the python backend
+    does (so that its backward finds the forward's gates), so it is as accurate as python in bfloat16 and no more.
+    At 12 heads python's errors are 0.038 (output), 0.078 (m) and 0.029 (c / n) on the CPU, where the test takes
+    them; on an H100 the kernel's output was off by 0.032 (session 33) and its m by 0.064 (session 34), each beyond
+    the fixed bound it then had (0.03 and 0.05 + 0.02 |m|)."""
     T, B, I, H = 33, 5, 16, 64 * num_heads
     torch.manual_seed(0)
     x = torch.randn(T, B, I).bfloat16()
@@ -160,11 +162,14 @@ def test_persistent_kernel_in_bfloat16_matches_the_reference(num_heads):
     ref_args = [t.double().requires_grad_() for t in (x, w_ih, w_hh, b)]
     ref, (rh, rc, rn, rm) = rnn_layer("slstm", ref_args[0], None, *ref_args[1:], backend="python",
                                       num_heads=num_heads)
-    same_dtype, _ = rnn_layer("slstm", x, None, w_ih, w_hh, b, backend="python", num_heads=num_heads)  # on the CPU
-    atol = max(0.03, 1.5 * float((same_dtype.double() - ref.detach()).abs().max()))
-    assert_close(out.double().cpu(), ref, rtol=0.05, atol=atol)
-    assert_close(m.double().cpu(), rm, rtol=0.02, atol=0.05)
-    assert_close((c / n).double().cpu(), rc / rn, rtol=0.05, atol=0.03)
+    same, (_, sc, sn, sm) = rnn_layer("slstm", x, None, w_ih, w_hh, b, backend="python", num_heads=num_heads)  # CPU
+
+    def atol(base, python_bf16, reference):
+        return max(base, 1.5 * float((python_bf16.double() - reference.detach()).abs().max()))
+
+    assert_close(out.double().cpu(), ref, rtol=0.05, atol=atol(0.03, same, ref))
+    assert_close(m.double().cpu(), rm, rtol=0.02, atol=atol(0.05, sm, rm))
+    assert_close((c / n).double().cpu(), rc / rn, rtol=0.05, atol=atol(0.03, sc / sn, rc / rn))
     upstream = torch.randn(T, B, H)
     grads = torch.autograd.grad(out, args, upstream.cuda().bfloat16())
     want = torch.autograd.grad(ref, ref_args, upstream.double())
