@@ -3,7 +3,7 @@
 #   bash benchmarks/2026-12-06_h100_wide/next_calls.sh PART "$OUT"
 # SITE (default /tmp/site): a folder of the packages the GPU machine lacks (hydra-core, flashrnn, ...), put on PYTHONPATH;
 # for "heads", FlashRNN 1.0.8 in it patched to build on CUDA 13 (the team's peers/flashrnn_cuda13.py, run on SITE).
-#   first:     (sessions 33 and 34 got no GPU) one call, about 8 minutes, of correctness and accuracy only: psMNIST with
+#   first:     (not yet run: sessions 33 and 34 got too little device time) one call, about 8 minutes, of correctness and accuracy only: psMNIST with
 #              zoneout at the recipe's 100 epochs (issue 40) beside the sLSTM and heads CUDA tests (issue 39) and the
 #              small_input patch's tests; then, on the warm machine, small_input (its timing, alone on the GPU)
 #   stacks:    stack_timing.py on this tree: each stack with and without its extra streams, side by side
