@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lltm {
 namespace {
@@ -363,6 +364,20 @@ LayerGrads layer_backward(const LayerGradInputs& a, const Recurrence& r) {
 LLTM_FOR_EACH_CELL(LLTM_INSTANTIATE)
 #undef LLTM_INSTANTIATE
 
+// The state an exported model (lltm_train/export.py) is given, checked and copied. AOTInductor's compiled code takes
+// its inputs at the shapes and strides it was compiled for without checking them (unless AOTI_RUNTIME_CHECK_INPUTS
+// is set), so a state of another shape would be read out of bounds; an op sees the tensor as given. Returning a
+// copy (the state is small) keeps the op in the graph.
+Tensor check_state(const Tensor& state, const Tensor& tokens, int64_t num_layers, int64_t hidden_size,
+                   c10::string_view name) {
+  TORCH_CHECK(tokens.dim() == 2, "the exported model's tokens: expected (T, B), got " + shape_str(tokens.sizes()));
+  const std::vector<int64_t> expected{num_layers, tokens.size(1), hidden_size};
+  TORCH_CHECK(state.sizes() == at::IntArrayRef(expected),
+              "the exported model's state " + std::string(name) + ": expected shape (num_layers, B, hidden_size) = " +
+                  shape_str(expected) + " (B from the tokens (T, B)), got " + shape_str(state.sizes()));
+  return state.clone(at::MemoryFormat::Contiguous);
+}
+
 }  // namespace lltm
 
 // Each cell's two schemas (lltm.h's Schema). save=False: the forward keeps nothing for a backward and returns
@@ -373,4 +388,9 @@ TORCH_LIBRARY(lltm, m) {
   m.def(lltm::Schema<CELL>::backward().c_str());
   LLTM_FOR_EACH_CELL(LLTM_DEFINE)
 #undef LLTM_DEFINE
+  m.def("check_state(Tensor state, Tensor tokens, int num_layers, int hidden_size, str name) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {
+  m.impl("check_state", &lltm::check_state);
 }

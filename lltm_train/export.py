@@ -50,6 +50,19 @@ TORCHSCRIPT_DEPRECATED = ("--format torchscript is deprecated: torch.jit is depr
                           "default, --format aoti (torch.export + AOTInductor, a .pt2 package), replaces it")
 
 
+def checked_states(net: nn.Module, tokens: Tensor, **states: Tensor) -> tuple[Tensor, ...]:
+    """Each state checked by ``lltm::check_state`` against (num_layers, B, hidden_size), B the tokens' (T, B) second
+    size, and copied. Inside the exported graph, so every format checks: AOTInductor's compiled code does not check
+    its inputs' shapes (a wrong one was read out of bounds), and a traced TorchScript file ignored extra layers.
+
+    Raises:
+        RuntimeError: a state of another shape, naming it (``h0``, ``c0``, ...) and the shape expected.
+    """
+    rnn = net.rnn
+    return tuple(torch.ops.lltm.check_state(state, tokens, rnn.num_layers, rnn.hidden_size, name)
+                 for name, state in states.items())
+
+
 class TokenModel(nn.Module):
     """A :class:`~lltm_train.models.CharLM` whose cell has an (h, c) state (LLTM, LSTM), with that state as two
     plain tensors: what the exported files take and return."""
@@ -59,7 +72,7 @@ class TokenModel(nn.Module):
         self.net = net
 
     def forward(self, tokens: Tensor, h0: Tensor, c0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, (h, c) = self.net(tokens, (h0, c0))
+        logits, (h, c) = self.net(tokens, checked_states(self.net, tokens, h0=h0, c0=c0))
         return logits, h, c
 
 
@@ -71,7 +84,7 @@ class TokenModelH(nn.Module):
         self.net = net
 
     def forward(self, tokens: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
-        logits, h = self.net(tokens, h0)
+        logits, h = self.net(tokens, checked_states(self.net, tokens, h0=h0)[0])
         return logits, h
 
 
@@ -84,7 +97,7 @@ class TokenModelSLSTM(nn.Module):
 
     def forward(self, tokens: Tensor, h0: Tensor, c0: Tensor, n0: Tensor,
                 m0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        logits, (h, c, n, m) = self.net(tokens, (h0, c0, n0, m0))
+        logits, (h, c, n, m) = self.net(tokens, checked_states(self.net, tokens, h0=h0, c0=c0, n0=n0, m0=m0))
         return logits, h, c, n, m
 
 

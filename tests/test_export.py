@@ -173,6 +173,26 @@ def test_the_default_format_is_an_aoti_package_with_the_models_outputs(checkpoin
         with torch.no_grad():
             for got, want in zip(package(*args), model(*args)):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_states_are_checked(package, model)
+
+
+def assert_states_are_checked(loaded, model: torch.nn.Module, match: str = "state {}: expected shape") -> None:
+    """A loaded file refuses a state of any other shape than (num_layers, B, hidden_size), naming it (the AOTInductor
+    package read a wrong one out of bounds, silently; TorchScript ignored extra layers), and reads a non-contiguous
+    one by its strides."""
+    tokens, *states = example_inputs(model, T=3, B=4)
+    L, B, H = states[0].shape
+    for shape in ((1, 1, 1), (L, B, H - 1), (L, B, H + 1), (L, B - 1, H), (L, B + 1, H), (L + 1, B, H), (B, H)):
+        for i in range(len(states)):
+            bad = list(states)
+            bad[i] = torch.zeros(shape)
+            with pytest.raises((RuntimeError, AssertionError), match=match.format(['h0', 'c0', 'n0', 'm0'][i])):
+                loaded(tokens, *bad)
+    strided = [s.transpose(0, 1).contiguous().transpose(0, 1) for s in states]  # (L, B, H) with strides of (B, L, H)
+    assert not strided[0].is_contiguous()
+    with torch.no_grad():
+        for got, want in zip(loaded(tokens, *strided), model(tokens, *states)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "exported"])  # aoti: the test above (one compile a session)
@@ -184,6 +204,10 @@ def test_each_format_reloads_in_a_fresh_process_with_the_models_outputs(checkpoi
     path = export(model, fmt, tmp_path / f"model.{fmt}.pt2", vocabulary(ckpt))
     assert check_in_fresh_process(model, fmt, path, T=11, B=4) < 1e-5
     assert (tmp_path / f"model.{fmt}.pt2.vocab.json").is_file()
+    if fmt == "torchscript":
+        assert_states_are_checked(torch.jit.load(str(path)), model)
+    else:  # torch.export's own guards come first
+        assert_states_are_checked(torch.export.load(str(path)).module(), model, match=r"Guard failed: .*\b{}\b")
 
 
 @pytest.mark.parametrize("cell", list(CELLS))

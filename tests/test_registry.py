@@ -20,7 +20,8 @@ def compiled_ops() -> set[str]:
 
 
 def test_cpp_and_python_list_the_same_cells():
-    assert compiled_ops() == {op for spec in CELLS.values() for op in (spec.forward_op, spec.backward_op)}
+    # check_state: no cell's, the exported models' state check (lltm_train/export.py)
+    assert compiled_ops() == {op for spec in CELLS.values() for op in (spec.forward_op, spec.backward_op)} | {"check_state"}
 
 
 def test_every_cell_has_kernels_on_every_device_the_library_was_built_for():

@@ -111,4 +111,12 @@ def register() -> None:
     for spec in CELLS.values():
         torch.library.register_fake(f"lltm::{spec.forward_op}")(_forward_fake(spec))
         torch.library.register_fake(f"lltm::{spec.backward_op}")(_backward_fake(spec))
+    torch.library.register_fake("lltm::check_state")(_check_state_fake)
     _done = True
+
+
+def _check_state_fake(state, tokens, num_layers, hidden_size, name):
+    torch._check(state.dim() == 3 and state.shape[0] == num_layers and state.shape[2] == hidden_size,
+                 lambda: f"the exported model's state {name}: expected shape (num_layers, B, hidden_size) = "
+                         f"({num_layers}, B, {hidden_size}), got {tuple(state.shape)}")
+    return state.new_empty((num_layers, tokens.shape[1], hidden_size))
