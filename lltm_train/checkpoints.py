@@ -136,6 +136,13 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
         ckpt = read_checkpoint(Path(path))
     except ConfigError as exc:
         raise ConfigError(f"ckpt_path: {exc}") from None
+    written = (ckpt.get("hyper_parameters") or {}).get("cell")
+    cell = task.hparams.get("cell")
+    # The cell first: it names the cause, where the parameters' names and shapes below would only list its effects
+    # (and rnn and rnn_relu have the same parameters)
+    if isinstance(written, str) and isinstance(cell, str) and written != cell:
+        raise ConfigError(f"ckpt_path: {path} was written by another model (model.cell={written}; this run has "
+                          f"model.cell={cell}); {_RESUME_HINT}")
     ours, theirs = task.state_dict(), ckpt["state_dict"]
     problems = [f"{k} is {tuple(theirs[k].shape)} there, {tuple(v.shape)} here" for k, v in ours.items()
                 if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
@@ -144,11 +151,6 @@ def check_fits(path: str, task: RecurrentTask, datamodule: SequenceDataModule) -
     if problems:
         raise ConfigError(f"ckpt_path: {path} was written by another model ({'; '.join(sorted(problems)[:3])}"
                           f"{_heads_hint(task, ours, theirs)}); {_RESUME_HINT}")
-    written = (ckpt.get("hyper_parameters") or {}).get("cell")
-    cell = task.hparams.get("cell")
-    if isinstance(written, str) and isinstance(cell, str) and written != cell:  # same shapes: rnn and rnn_relu
-        raise ConfigError(f"ckpt_path: {path} was written by another model (model.cell={written}; this run has "
-                          f"model.cell={cell}); {_RESUME_HINT}")
     optimizer = task.optimizer_factory(task.parameters())
     saved = ckpt.get("optimizer_states") or [{}]
     saved_keys = set(next(iter(saved[0].get("param_groups", [])), {})) - {"params", "initial_lr"}  # the latter from the lr schedule

@@ -305,6 +305,8 @@ def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
     with pytest.raises(ConfigError, match=r"was written by another model \(net.head.weight is \(1, 16\) there, \(1, 32\) here; net.rnn.bias_l0"):
         build(make_cfg(tmp_path / "b", *common, "model.hidden_size=32", f"ckpt_path={ckpt}"))
+    with pytest.raises(ConfigError, match=r"another model \(model.cell=lltm; this run has model.cell=slstm\)"):
+        build(make_cfg(tmp_path / "s", *common, "model.cell=slstm", f"ckpt_path={ckpt}"))  # named, not its weights
     train(make_cfg(tmp_path / "tanh", *common, "model.cell=rnn"))  # the same shapes as rnn_relu's
     with pytest.raises(ConfigError, match=r"another model \(model.cell=rnn; this run has model.cell=rnn_relu\)"):
         build(make_cfg(tmp_path / "relu", *common, "model.cell=rnn_relu",
